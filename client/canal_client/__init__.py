@@ -1,0 +1,1 @@
+"""canal-ha client: connectors, CLI consumer and the Spark source."""

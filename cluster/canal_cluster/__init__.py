@@ -1,0 +1,1 @@
+"""canal-ha coordination: etcd, election, sandbox and the command line."""

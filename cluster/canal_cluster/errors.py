@@ -1,0 +1,156 @@
+"""Every exception canal-ha raises on purpose, in one tree.
+
+::
+
+    CanalError                      base of everything below
+    ├── ConfigError                 a bad configuration value (names the key)
+    ├── SandboxError                the private MariaDB/etcd sandbox
+    │   ├── SandboxStartError       a part did not start (names the part and its log)
+    │   └── SandboxStateError       cluster.json missing/unreadable, unknown member
+    ├── RetryExhausted              a RetryPolicy ran out of attempts or time
+    ├── BinlogError                 reading the binlog failed
+    │   ├── BinlogConfigError       server variables canal needs are wrong (names them)
+    │   ├── PositionNotFound        no binlog holds the wanted start position/time
+    │   └── PurgedPosition          the start position was purged (errno 1236)
+    ├── StoreError                  the event store
+    │   └── StoreClosed             put/get on a store that was stopped
+    ├── ServerError                 embedded server calls (client-facing, API 4xx)
+    │   ├── UnknownDestination      no such destination (404)
+    │   ├── NotSubscribed           the client has not subscribed (409)
+    │   ├── UnknownBatch            batch id unknown, acked or rolled back (404/409)
+    │   └── InvalidArgument         a bad argument; names the field (400)
+    └── CoordinationError           etcd and elections
+        ├── CoordinatorUnavailable  etcd cannot be reached right now
+        └── Fenced                  our epoch is stale or our lease lapsed: step down
+
+Later packages add their own subclasses of ``CanalError`` here, so that one
+``except CanalError`` catches every deliberate failure of the project.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BinlogConfigError",
+    "BinlogError",
+    "CanalError",
+    "CoordinationError",
+    "CoordinatorUnavailable",
+    "Fenced",
+    "InvalidArgument",
+    "NotSubscribed",
+    "PositionNotFound",
+    "PurgedPosition",
+    "ServerError",
+    "StoreClosed",
+    "StoreError",
+    "UnknownBatch",
+    "UnknownDestination",
+    "ConfigError",
+    "RetryExhausted",
+    "SandboxError",
+    "SandboxStartError",
+    "SandboxStateError",
+]
+
+
+class CanalError(Exception):
+    """Base of every deliberate canal-ha failure."""
+
+
+class ConfigError(CanalError):
+    """A configuration value is invalid; the message names the key and the reason."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+class SandboxError(CanalError):
+    """Something went wrong with the private sandbox."""
+
+
+class SandboxStartError(SandboxError):
+    """A sandbox part did not start; says which part and where its log is."""
+
+    def __init__(self, part: str, reason: str, log_path: str | None = None) -> None:
+        where = f" (log: {log_path})" if log_path else ""
+        super().__init__(f"{part} failed to start: {reason}{where}")
+        self.part = part
+        self.log_path = log_path
+
+
+class SandboxStateError(SandboxError):
+    """The recorded sandbox state is missing, unreadable or does not name that part."""
+
+
+class RetryExhausted(CanalError):
+    """A retry policy gave up; ``last_error`` is the final failure, if any."""
+
+    def __init__(self, what: str, attempts: int, last_error: BaseException | None) -> None:
+        tail = f": {last_error}" if last_error is not None else ""
+        super().__init__(f"{what}: gave up after {attempts} attempts{tail}")
+        self.what = what
+        self.attempts = attempts
+        self.last_error = last_error
+
+
+class BinlogError(CanalError):
+    """Reading the binlog failed."""
+
+
+class BinlogConfigError(BinlogError):
+    """The database's binlog settings are not what canal needs; names each variable."""
+
+
+class PositionNotFound(BinlogError):
+    """No binlog holds the wanted start position or time."""
+
+
+class PurgedPosition(BinlogError):
+    """The start position lies in a purged binlog (MySQL error 1236)."""
+
+
+class StoreError(CanalError):
+    """The event store failed."""
+
+
+class StoreClosed(StoreError):
+    """The store was stopped while a put or get waited."""
+
+
+class ServerError(CanalError):
+    """A client-facing failure of the embedded server (maps to an API 4xx)."""
+
+
+class UnknownDestination(ServerError):
+    """No such destination."""
+
+
+class NotSubscribed(ServerError):
+    """The client has not subscribed to the destination."""
+
+
+class UnknownBatch(ServerError):
+    """The batch id is unknown, already acked or rolled back."""
+
+
+class InvalidArgument(ServerError):
+    """A bad argument; ``field`` names it."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class CoordinationError(CanalError):
+    """etcd or an election failed."""
+
+
+class CoordinatorUnavailable(CoordinationError):
+    """etcd cannot be reached right now."""
+
+
+class Fenced(CoordinationError):
+    """Our epoch is stale or our lease lapsed: stop serving and writing."""

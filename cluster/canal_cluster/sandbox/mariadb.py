@@ -1,0 +1,251 @@
+"""A private MariaDB server (primary or GTID replica) with the binlog settings canal needs."""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pymysql
+
+from canal_cluster.errors import RetryExhausted, SandboxStartError
+from canal_cluster.retry import wait_until
+from canal_cluster.sandbox.process import ManagedProcess, ProcessRecord
+
+__all__ = ["CANAL_PASSWORD", "CANAL_USER", "REPL_PASSWORD", "REPL_USER", "MariaDBServer"]
+
+REPL_USER, REPL_PASSWORD = "repl", "repl-secret"
+CANAL_USER, CANAL_PASSWORD = "canal", "canal-secret"
+
+# What canal needs from the server (DEVELOPERS.md / STACK-NOTES.md).
+BINLOG_FLAGS = (
+    "--log-bin=mariadb-bin",
+    "--binlog-format=ROW",
+    "--binlog-row-image=FULL",
+    "--binlog-row-metadata=FULL",
+    "--log-slave-updates",
+    "--gtid-domain-id=0",
+)
+# Sandbox tuning: small memory, commits reach the OS at once (safe for process kills).
+TUNING_FLAGS = (
+    "--skip-name-resolve",
+    "--character-set-server=utf8mb4",
+    "--collation-server=utf8mb4_general_ci",
+    "--innodb-buffer-pool-size=64M",
+    "--innodb-log-file-size=32M",
+    "--innodb-flush-log-at-trx-commit=2",
+    "--sync-binlog=0",
+    "--max-connections=300",
+    "--max-allowed-packet=64M",
+    "--skip-slave-start",
+)
+
+
+def _binary(name: str) -> str:
+    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin:/sbin")
+    if found is None:
+        raise SandboxStartError(name, "not installed (run scripts/setup.sh)")
+    return found
+
+
+def _socket_path(root: Path) -> Path:
+    """Unix socket paths are limited to ~107 bytes; long workdirs get one in /tmp."""
+    path = root / "mysqld.sock"
+    if len(str(path)) < 100:
+        return path
+    digest = hashlib.sha1(str(root).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"canal-ha-{digest}.sock"
+
+
+@dataclass
+class MariaDBServer:
+    """One mariadbd on 127.0.0.1:port with its data, socket and logs under ``root``."""
+
+    name: str
+    root: Path
+    server_id: int
+    port: int
+    process: ManagedProcess = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.process = ManagedProcess(f"mariadb-{self.name}", self._argv(), self.root / "stdout.log")
+
+    @property
+    def datadir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def socket(self) -> Path:
+        return _socket_path(self.root)
+
+    @property
+    def error_log(self) -> Path:
+        return self.root / "error.log"
+
+    def _argv(self) -> tuple[str, ...]:
+        return (
+            _binary("mariadbd"),
+            "--no-defaults",
+            f"--datadir={self.datadir}",
+            f"--socket={self.socket}",
+            f"--port={self.port}",
+            "--bind-address=127.0.0.1",
+            f"--pid-file={self.root / 'mariadbd.pid'}",
+            f"--log-error={self.error_log}",
+            f"--user={getpass.getuser()}",
+            f"--server-id={self.server_id}",
+            *BINLOG_FLAGS,
+            *TUNING_FLAGS,
+        )
+
+    def dsn(self) -> dict[str, Any]:
+        """Connection facts for the canal user over TCP (what a server node uses)."""
+        return {
+            "host": "127.0.0.1",
+            "port": self.port,
+            "user": CANAL_USER,
+            "password": CANAL_PASSWORD,
+            "server_id": self.server_id,
+            "socket": str(self.socket),
+            "url": f"mysql://{CANAL_USER}:{CANAL_PASSWORD}@127.0.0.1:{self.port}",
+        }
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def initialize(self) -> None:
+        """Create the data directory (mariadb-install-db), once."""
+        if (self.datadir / "mysql").is_dir():
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        argv = [
+            _binary("mariadb-install-db"),
+            "--no-defaults",
+            f"--datadir={self.datadir}",
+            f"--user={getpass.getuser()}",
+            "--auth-root-authentication-method=normal",
+            "--skip-test-db",
+        ]
+        log = self.root / "install.log"
+        with open(log, "wb") as out:
+            rc = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT)  # noqa: S603
+        if rc != 0:
+            raise SandboxStartError(f"mariadb {self.name}", f"install-db exit {rc}", str(log))
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self.initialize()
+        self.process.start()
+        self.wait_ready(timeout_s)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        def ready() -> bool:
+            if not self.process.is_running():
+                raise SandboxStartError(
+                    f"mariadb {self.name}", "process exited", str(self.error_log)
+                )
+            with self.admin() as conn, conn.cursor() as cur:
+                cur.execute("SELECT 1")
+            return True
+
+        try:
+            wait_until(ready, f"mariadb {self.name} ready", timeout_s)
+        except RetryExhausted as exc:
+            if isinstance(exc.last_error, SandboxStartError):
+                raise exc.last_error from None
+            raise SandboxStartError(f"mariadb {self.name}", str(exc), str(self.error_log)) from exc
+
+    def stop(self) -> bool:
+        return self.process.stop(timeout_s=30.0)
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def restart(self, timeout_s: float = 60.0) -> None:
+        self.process.stop(timeout_s=30.0)
+        self.start(timeout_s)
+
+    def record(self) -> ProcessRecord:
+        return self.process.record()
+
+    # -- SQL ------------------------------------------------------------------
+
+    def admin(self) -> pymysql.connections.Connection[Any]:
+        """A root connection over the unix socket (root has no TCP account)."""
+        return pymysql.connect(
+            unix_socket=str(self.socket),
+            user="root",
+            autocommit=True,
+            connect_timeout=2,
+            charset="utf8mb4",
+        )
+
+    def execute(self, *statements: str) -> list[tuple[Any, ...]]:
+        """Run statements as root; the rows of the last one."""
+        rows: list[tuple[Any, ...]] = []
+        with self.admin() as conn, conn.cursor() as cur:
+            for sql in statements:
+                cur.execute(sql)
+                rows = list(cur.fetchall())
+        return rows
+
+    def scalar(self, sql: str) -> Any:
+        rows = self.execute(sql)
+        return rows[0][0] if rows else None
+
+    def create_users(self) -> None:
+        """The replication user (for replicas) and the canal user (for server nodes)."""
+        self.execute(
+            f"CREATE USER IF NOT EXISTS '{REPL_USER}'@'127.0.0.1' IDENTIFIED BY '{REPL_PASSWORD}'",
+            f"GRANT REPLICATION SLAVE ON *.* TO '{REPL_USER}'@'127.0.0.1'",
+            f"CREATE USER IF NOT EXISTS '{CANAL_USER}'@'127.0.0.1' "
+            f"IDENTIFIED BY '{CANAL_PASSWORD}'",
+            f"GRANT SELECT, REPLICATION SLAVE, BINLOG MONITOR, SLAVE MONITOR ON *.* "
+            f"TO '{CANAL_USER}'@'127.0.0.1'",
+        )
+
+    def replicate_from(self, primary: MariaDBServer) -> None:
+        """Become a GTID replica of ``primary`` (MASTER_USE_GTID=slave_pos)."""
+        self.execute(
+            "STOP SLAVE",
+            f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={primary.port}, "
+            f"MASTER_USER='{REPL_USER}', MASTER_PASSWORD='{REPL_PASSWORD}', "
+            "MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1",
+            "START SLAVE",
+        )
+
+    def wait_caught_up(self, primary: MariaDBServer, timeout_s: float = 30.0) -> str:
+        """Wait until this replica has applied the primary's binlog GTID state."""
+        pos = str(primary.scalar("SELECT @@gtid_binlog_pos"))
+        got = self.scalar(f"SELECT MASTER_GTID_WAIT('{pos}', {timeout_s})")
+        if got != 0:
+            status = self.execute("SHOW SLAVE STATUS")
+            raise SandboxStartError(
+                f"mariadb {self.name} replication",
+                f"did not reach {pos} in {timeout_s}s: {status!r:.400}",
+                str(self.error_log),
+            )
+        return pos
+
+    def promote(self) -> None:
+        """Stop replicating and forget the primary: this server is now a primary."""
+        self.execute("STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL read_only = 0")
+
+    def binlog_files(self) -> list[str]:
+        return [str(r[0]) for r in self.execute("SHOW BINARY LOGS")]
+
+    def master_status(self) -> tuple[str, int]:
+        row = self.execute("SHOW MASTER STATUS")[0]
+        return str(row[0]), int(row[1])
+
+    def purge_binary_logs(self) -> list[str]:
+        """Rotate, then purge every binlog before the new current one; the purged names."""
+        before = self.binlog_files()
+        self.execute("FLUSH BINARY LOGS")
+        current = self.master_status()[0]
+        self.execute(f"PURGE BINARY LOGS TO '{current}'")
+        after = set(self.binlog_files())
+        return [f for f in before if f not in after]

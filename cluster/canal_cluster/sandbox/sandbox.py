@@ -1,0 +1,243 @@
+"""The whole private sandbox: MariaDB primary (+ GTID standby) and etcd, with cluster.json.
+
+``Sandbox.start()`` brings every part up (readiness checks, never sleeps) and writes
+``workdir/cluster.json``; ``Sandbox.load(workdir)`` rebuilds the handles from that
+file in another process so ``stop()`` works by the recorded pids.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from canal_cluster.errors import SandboxError, SandboxStateError
+from canal_cluster.sandbox.etcd import EtcdCluster, EtcdMember
+from canal_cluster.sandbox.mariadb import MariaDBServer
+from canal_cluster.sandbox.ports import free_port
+from canal_cluster.sandbox.process import ManagedProcess, ProcessRecord
+
+__all__ = ["STATE_FILE", "Sandbox"]
+
+log = logging.getLogger(__name__)
+STATE_FILE = "cluster.json"
+PRIMARY_SERVER_ID, STANDBY_SERVER_ID = 1, 2
+
+
+@dataclass
+class Sandbox:
+    """Private MariaDB + etcd on loopback ports under ``workdir``."""
+
+    workdir: Path
+    etcd_members: int = 1
+    standby: bool = False
+    primary_db: MariaDBServer | None = None
+    standby_db: MariaDBServer | None = None
+    etcd: EtcdCluster | None = None
+    extra: list[ManagedProcess] = field(default_factory=list)
+    started_at: float = 0.0
+
+    # -- start / stop -----------------------------------------------------------
+
+    def start(self) -> Sandbox:
+        """Start every part; on failure stop what started and re-raise (names the part)."""
+        self.workdir = self.workdir.resolve()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        try:
+            self._start_parts()
+        except BaseException:
+            self.stop()
+            raise
+        self.started_at = time.time()
+        self.write_state()
+        log.info("sandbox up in %.1fs at %s", time.monotonic() - t0, self.workdir)
+        return self
+
+    def _start_parts(self) -> None:
+        self.etcd = EtcdCluster(self.workdir / "etcd", self.etcd_members)
+        self.etcd.start()
+        self.primary_db = MariaDBServer(
+            "primary", self.workdir / "primary", PRIMARY_SERVER_ID, free_port()
+        )
+        self.primary_db.start()
+        self.primary_db.create_users()
+        if self.standby:
+            self.standby_db = MariaDBServer(
+                "standby", self.workdir / "standby", STANDBY_SERVER_ID, free_port()
+            )
+            self.standby_db.start()
+            self.standby_db.replicate_from(self.primary_db)
+            self.standby_db.wait_caught_up(self.primary_db)
+
+    def processes(self) -> list[ManagedProcess]:
+        """Every process of the sandbox, in the order they should be stopped."""
+        procs = list(self.extra)
+        for db in (self.standby_db, self.primary_db):
+            if db is not None:
+                procs.append(db.process)
+        if self.etcd is not None:
+            procs.extend(m.process for m in self.etcd.members)
+        return procs
+
+    def stop(self) -> list[str]:
+        """Stop every recorded process that still runs; the names of those stopped."""
+        stopped = [p.name for p in self.processes() if _stop_quietly(p)]
+        if (self.workdir / STATE_FILE).exists():
+            self.write_state(stopped=True)
+        return stopped
+
+    def add_process(self, proc: ManagedProcess) -> None:
+        """Track a process started beside the sandbox (a server node, a writer)."""
+        self.extra.append(proc)
+        self.write_state()
+
+    # -- handles ------------------------------------------------------------------
+
+    @property
+    def primary(self) -> MariaDBServer:
+        if self.primary_db is None:
+            raise SandboxError("sandbox has no primary database (not started)")
+        return self.primary_db
+
+    @property
+    def replica(self) -> MariaDBServer:
+        if self.standby_db is None:
+            raise SandboxError("sandbox has no standby (start it with standby=True)")
+        return self.standby_db
+
+    @property
+    def etcd_cluster(self) -> EtcdCluster:
+        if self.etcd is None:
+            raise SandboxError("sandbox has no etcd (not started)")
+        return self.etcd
+
+    @property
+    def etcd_endpoints(self) -> list[str]:
+        return self.etcd_cluster.endpoints
+
+    # -- cluster.json -------------------------------------------------------------
+
+    def state(self, stopped: bool = False) -> dict[str, Any]:
+        etcd = self.etcd_cluster
+        return {
+            "version": 1,
+            "workdir": str(self.workdir),
+            "started_at": self.started_at,
+            "stopped": stopped,
+            "owner_pid": os.getpid(),
+            "etcd": {
+                "endpoints": etcd.endpoints,
+                "members": [_member_state(m) for m in etcd.members],
+            },
+            "mariadb": {
+                "primary": _db_state(self.primary_db),
+                "standby": _db_state(self.standby_db),
+            },
+            "processes": [p.record().to_json() for p in self.processes() if p.pid is not None],
+            "extra": [p.record().to_json() for p in self.extra if p.pid is not None],
+        }
+
+    def write_state(self, stopped: bool = False) -> Path:
+        path = self.workdir / STATE_FILE
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.state(stopped), indent=2) + "\n")
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, workdir: Path) -> Sandbox:
+        """Rebuild the handles of a sandbox another process started, from cluster.json."""
+        path = workdir.resolve() / STATE_FILE
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise SandboxStateError(f"no {STATE_FILE} in {workdir}: nothing was started there") from None
+        except (OSError, ValueError) as exc:
+            raise SandboxStateError(f"{path} is unreadable: {exc}") from exc
+        return _from_state(path.parent, data)
+
+
+def _stop_quietly(proc: ManagedProcess) -> bool:
+    try:
+        return proc.stop()
+    except Exception:  # one stubborn process must not keep the others running
+        log.exception("could not stop %s (pid %s)", proc.name, proc.pid)
+        return False
+
+
+def _member_state(m: EtcdMember) -> dict[str, Any]:
+    return {
+        "name": m.name,
+        "client_url": m.client_url,
+        "peer_url": m.peer_url,
+        "metrics_port": m.metrics_port,
+        "initial_cluster": m.initial_cluster,
+        "dir": str(m.root),
+        "log": str(m.process.log_path),
+        "pid": m.process.pid,
+    }
+
+
+def _db_state(db: MariaDBServer | None) -> dict[str, Any] | None:
+    if db is None:
+        return None
+    return {
+        "name": db.name,
+        "dir": str(db.root),
+        **db.dsn(),
+        "error_log": str(db.error_log),
+        "log": str(db.process.log_path),
+        "pid": db.process.pid,
+    }
+
+
+def _from_state(workdir: Path, data: dict[str, Any]) -> Sandbox:
+    try:
+        etcd = EtcdCluster(workdir / "etcd", len(data["etcd"]["members"]), members=[
+            _member_from(m) for m in data["etcd"]["members"]
+        ])
+        dbs = data["mariadb"]
+        box = _sandbox_from(workdir, etcd, dbs)
+        box.extra = [ManagedProcess.adopt(ProcessRecord.from_json(r)) for r in data.get("extra", [])]
+        box.started_at = float(data.get("started_at", 0.0))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SandboxStateError(f"{workdir / STATE_FILE} is malformed: {exc!r}") from exc
+    return box
+
+
+def _sandbox_from(workdir: Path, etcd: EtcdCluster, dbs: dict[str, Any]) -> Sandbox:
+    primary = _db_from(dbs["primary"])
+    standby = _db_from(dbs["standby"]) if dbs.get("standby") else None
+    return Sandbox(
+        workdir,
+        etcd_members=etcd.size,
+        standby=standby is not None,
+        primary_db=primary,
+        standby_db=standby,
+        etcd=etcd,
+    )
+
+
+def _member_from(m: dict[str, Any]) -> EtcdMember:
+    member = EtcdMember(
+        m["name"],
+        Path(m["dir"]),
+        int(m["client_url"].rsplit(":", 1)[1]),
+        int(m["peer_url"].rsplit(":", 1)[1]),
+        int(m["metrics_port"]),
+        initial_cluster=m["initial_cluster"],
+    )
+    member.__post_init__()
+    member.process.pid = m["pid"]
+    return member
+
+
+def _db_from(d: dict[str, Any]) -> MariaDBServer:
+    db = MariaDBServer(d["name"], Path(d["dir"]), int(d["server_id"]), int(d["port"]))
+    db.process.pid = d["pid"]
+    return db

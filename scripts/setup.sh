@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Idempotent setup: Debian packages (MariaDB, etcd, a JRE) and .venv at the repo root
+# with canal-ha installed editable with every extra. Safe to run again: it only does
+# what is missing.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+need_pkgs=()
+command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || need_pkgs+=(mariadb-server mariadb-client)
+command -v etcd >/dev/null 2>&1 || need_pkgs+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || need_pkgs+=(etcd-client)
+command -v java >/dev/null 2>&1 || need_pkgs+=(default-jre-headless)
+if [ "${#need_pkgs[@]}" -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing Debian packages: ${need_pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  # policy-rc.d keeps Debian from starting the system services: we run private ones.
+  $sudo apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+
+py="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$py" -m venv .venv
+fi
+stamp=.venv/.canal-ha-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setup: installing canal-ha into .venv (editable, all extras)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[spark,dev]"
+  touch "$stamp"
+fi
+echo "setup: ready (.venv/bin/canal-ha)"

@@ -1,0 +1,1 @@
+"""canal-ha server: binlog reading, store, batches, REST API and the node."""

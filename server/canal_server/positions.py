@@ -1,0 +1,123 @@
+"""Binlog positions, as Canal has them: EntryPosition, LogIdentity, LogPosition.
+
+All are frozen and ordered. ``EntryPosition`` orders by (journal sequence, offset),
+which is binlog order on one server. ``min_position`` is Canal's rule for the
+minimum of two LogPositions: from the same source compare journal then offset,
+otherwise compare commit timestamps (positions of different servers are not
+comparable by offset).
+
+Offsets here point *after* the event they describe (``ev.packet.log_pos``), so a
+position is where reading resumes. Every type has a stable dict form (``to_dict`` /
+``from_dict``) used for JSON, msgpack and etcd.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["EntryPosition", "LogIdentity", "LogPosition", "journal_seq", "min_position"]
+
+_SEQ = re.compile(r"\.(\d+)$")
+
+
+def journal_seq(journal: str) -> tuple[str, int]:
+    """Sort key of a binlog file name: (base name, numeric suffix)."""
+    m = _SEQ.search(journal)
+    if m is None:
+        return (journal, -1)
+    return (journal[: m.start()], int(m.group(1)))
+
+
+@dataclass(frozen=True, order=True)
+class EntryPosition:
+    """A point in one server's binlog.
+
+    ``journal``/``offset`` locate it (offset = start of the next event); ``gtid`` is
+    the MariaDB GTID state *including* the transaction at this position (e.g.
+    ``"0-1-42"``, comma separated for several domains); ``timestamp_ms`` the commit
+    time; ``included`` is Canal's flag (True: the event at this position was already
+    consumed, resume after it).
+    """
+
+    sort_key: tuple[tuple[str, int], int] = field(init=False, repr=False)
+    journal: str = ""
+    offset: int = 0
+    server_id: int = 0
+    gtid: str = ""
+    timestamp_ms: int = 0
+    included: bool = False
+
+    def __post_init__(self) -> None:
+        if self.offset < 0:
+            raise ValueError(f"offset must be >= 0, not {self.offset}")
+        if self.timestamp_ms < 0:
+            raise ValueError(f"timestamp_ms must be >= 0, not {self.timestamp_ms}")
+        object.__setattr__(self, "sort_key", (journal_seq(self.journal), self.offset))
+
+    @property
+    def has_file(self) -> bool:
+        return bool(self.journal)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "journal": self.journal,
+            "offset": self.offset,
+            "server_id": self.server_id,
+            "gtid": self.gtid,
+            "timestamp_ms": self.timestamp_ms,
+            "included": self.included,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EntryPosition:
+        return cls(
+            journal=str(d.get("journal", "")),
+            offset=int(d.get("offset", 0)),
+            server_id=int(d.get("server_id", 0)),
+            gtid=str(d.get("gtid", "")),
+            timestamp_ms=int(d.get("timestamp_ms", 0)),
+            included=bool(d.get("included", False)),
+        )
+
+    def __str__(self) -> str:
+        gtid = f" gtid={self.gtid}" if self.gtid else ""
+        return f"{self.journal}:{self.offset}{gtid} ts={self.timestamp_ms}"
+
+
+@dataclass(frozen=True, order=True)
+class LogIdentity:
+    """Where a position came from: the database address and our replication slave id."""
+
+    source_address: str = ""
+    slave_id: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source_address": self.source_address, "slave_id": self.slave_id}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LogIdentity:
+        return cls(str(d.get("source_address", "")), int(d.get("slave_id", 0)))
+
+
+@dataclass(frozen=True, order=True)
+class LogPosition:
+    """An EntryPosition together with the source it was read from."""
+
+    identity: LogIdentity
+    position: EntryPosition
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"identity": self.identity.to_dict(), "position": self.position.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LogPosition:
+        return cls(LogIdentity.from_dict(d["identity"]), EntryPosition.from_dict(d["position"]))
+
+
+def min_position(a: LogPosition, b: LogPosition) -> LogPosition:
+    """Canal's minimum: same source → binlog order; different sources → older timestamp."""
+    if a.identity == b.identity:
+        return a if a.position.sort_key <= b.position.sort_key else b
+    return a if a.position.timestamp_ms <= b.position.timestamp_ms else b
