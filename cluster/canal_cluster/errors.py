@@ -11,13 +11,15 @@
     ├── BinlogError                 reading the binlog failed
     │   ├── BinlogConfigError       server variables canal needs are wrong (names them)
     │   ├── PositionNotFound        no binlog holds the wanted start position/time
-    │   └── PurgedPosition          the start position was purged (errno 1236)
+    │   ├── PurgedPosition          the start position was purged (errno 1236)
+    │   └── BinlogConnectionLost    the binlog dump connection broke (resume from own position)
     ├── StoreError                  the event store
     │   └── StoreClosed             put/get on a store that was stopped
     ├── ServerError                 embedded server calls (client-facing, API 4xx)
     │   ├── UnknownDestination      no such destination (404)
     │   ├── NotSubscribed           the client has not subscribed (409)
     │   ├── UnknownBatch            batch id unknown, acked or rolled back (404/409)
+    │   ├── BatchUnavailable        an outstanding batch's entries are not (yet) stored (503)
     │   └── InvalidArgument         a bad argument; names the field (400)
     └── CoordinationError           etcd and elections
         ├── CoordinatorUnavailable  etcd cannot be reached right now
@@ -30,9 +32,12 @@ Later packages add their own subclasses of ``CanalError`` here, so that one
 from __future__ import annotations
 
 __all__ = [
+    "BatchUnavailable",
     "BinlogConfigError",
+    "BinlogConnectionLost",
     "BinlogError",
     "CanalError",
+    "ConfigError",
     "CoordinationError",
     "CoordinatorUnavailable",
     "Fenced",
@@ -40,16 +45,15 @@ __all__ = [
     "NotSubscribed",
     "PositionNotFound",
     "PurgedPosition",
+    "RetryExhausted",
+    "SandboxError",
+    "SandboxStartError",
+    "SandboxStateError",
     "ServerError",
     "StoreClosed",
     "StoreError",
     "UnknownBatch",
     "UnknownDestination",
-    "ConfigError",
-    "RetryExhausted",
-    "SandboxError",
-    "SandboxStartError",
-    "SandboxStateError",
 ]
 
 
@@ -111,6 +115,10 @@ class PurgedPosition(BinlogError):
     """The start position lies in a purged binlog (MySQL error 1236)."""
 
 
+class BinlogConnectionLost(BinlogError):
+    """The binlog dump connection broke (errors 2013/2006); resume from our own position."""
+
+
 class StoreError(CanalError):
     """The event store failed."""
 
@@ -154,3 +162,7 @@ class CoordinatorUnavailable(CoordinationError):
 
 class Fenced(CoordinationError):
     """Our epoch is stale or our lease lapsed: stop serving and writing."""
+
+
+class BatchUnavailable(ServerError):
+    """An outstanding batch's entries are not in the store (yet): retry later or roll back."""

@@ -87,7 +87,12 @@ class Column:
         if binary_as_base64 and isinstance(value, str) and _is_binary_type(d["mysql_type"]):
             value = base64.b64decode(value)
         return cls(
-            d["name"], value, bool(d["is_key"]), bool(d["updated"]), d["mysql_type"], bool(d["is_null"])
+            d["name"],
+            value,
+            bool(d["is_key"]),
+            bool(d["updated"]),
+            d["mysql_type"],
+            bool(d["is_null"]),
         )
 
 

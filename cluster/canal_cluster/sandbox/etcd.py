@@ -78,7 +78,9 @@ class EtcdMember:
     def wait_healthy(self, timeout_s: float) -> None:
         def ok() -> bool:
             if not self.process.is_running():
-                raise SandboxStartError(f"etcd {self.name}", "process exited", str(self.process.log_path))
+                raise SandboxStartError(
+                    f"etcd {self.name}", "process exited", str(self.process.log_path)
+                )
             return self.healthy()
 
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import hashlib
 import shutil
+import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -73,7 +74,9 @@ class MariaDBServer:
     process: ManagedProcess = field(init=False)
 
     def __post_init__(self) -> None:
-        self.process = ManagedProcess(f"mariadb-{self.name}", self._argv(), self.root / "stdout.log")
+        self.process = ManagedProcess(
+            f"mariadb-{self.name}", self._argv(), self.root / "stdout.log"
+        )
 
     @property
     def datadir(self) -> Path:
@@ -82,6 +85,11 @@ class MariaDBServer:
     @property
     def socket(self) -> Path:
         return _socket_path(self.root)
+
+    @property
+    def tmpdir(self) -> Path:
+        """Private temp dir: concurrent install-db runs collide in a shared /tmp."""
+        return self.root / "tmp"
 
     @property
     def error_log(self) -> Path:
@@ -97,6 +105,7 @@ class MariaDBServer:
             "--bind-address=127.0.0.1",
             f"--pid-file={self.root / 'mariadbd.pid'}",
             f"--log-error={self.error_log}",
+            f"--tmpdir={self.tmpdir}",
             f"--user={getpass.getuser()}",
             f"--server-id={self.server_id}",
             *BINLOG_FLAGS,
@@ -121,7 +130,7 @@ class MariaDBServer:
         """Create the data directory (mariadb-install-db), once."""
         if (self.datadir / "mysql").is_dir():
             return
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.tmpdir.mkdir(parents=True, exist_ok=True)
         argv = [
             _binary("mariadb-install-db"),
             "--no-defaults",
@@ -129,15 +138,17 @@ class MariaDBServer:
             f"--user={getpass.getuser()}",
             "--auth-root-authentication-method=normal",
             "--skip-test-db",
+            f"--tmpdir={self.tmpdir}",
         ]
         log = self.root / "install.log"
         with open(log, "wb") as out:
-            rc = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT)  # noqa: S603
+            rc = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT)
         if rc != 0:
             raise SandboxStartError(f"mariadb {self.name}", f"install-db exit {rc}", str(log))
 
     def start(self, timeout_s: float = 60.0) -> None:
         self.initialize()
+        self.tmpdir.mkdir(parents=True, exist_ok=True)
         self.process.start()
         self.wait_ready(timeout_s)
 
@@ -147,6 +158,8 @@ class MariaDBServer:
                 raise SandboxStartError(
                     f"mariadb {self.name}", "process exited", str(self.error_log)
                 )
+            if not self._socket_accepts():
+                return False
             with self.admin() as conn, conn.cursor() as cur:
                 cur.execute("SELECT 1")
             return True
@@ -157,6 +170,16 @@ class MariaDBServer:
             if isinstance(exc.last_error, SandboxStartError):
                 raise exc.last_error from None
             raise SandboxStartError(f"mariadb {self.name}", str(exc), str(self.error_log)) from exc
+
+    def _socket_accepts(self) -> bool:
+        """Probe the unix socket ourselves: pymysql leaks the socket of a failed connect."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(1.0)
+            try:
+                probe.connect(str(self.socket))
+            except OSError:
+                return False
+        return True
 
     def stop(self) -> bool:
         return self.process.stop(timeout_s=30.0)
@@ -241,11 +264,19 @@ class MariaDBServer:
         row = self.execute("SHOW MASTER STATUS")[0]
         return str(row[0]), int(row[1])
 
-    def purge_binary_logs(self) -> list[str]:
-        """Rotate, then purge every binlog before the new current one; the purged names."""
+    def purge_binary_logs(self, timeout_s: float = 30.0) -> list[str]:
+        """Rotate, then purge every binlog before the new current one; the purged names.
+
+        MariaDB keeps a file until InnoDB has checkpointed past it, so the purge is
+        repeated until every older file is gone.
+        """
         before = self.binlog_files()
         self.execute("FLUSH BINARY LOGS")
         current = self.master_status()[0]
-        self.execute(f"PURGE BINARY LOGS TO '{current}'")
-        after = set(self.binlog_files())
-        return [f for f in before if f not in after]
+
+        def purged() -> bool:
+            self.execute(f"PURGE BINARY LOGS TO '{current}'")
+            return self.binlog_files() == [current]
+
+        wait_until(purged, f"purge of binlogs before {current}", timeout_s)
+        return [f for f in before if f != current]

@@ -55,7 +55,9 @@ class ProcessRecord:
     def from_json(cls, data: dict[str, object]) -> ProcessRecord:
         argv = data["argv"]
         assert isinstance(argv, list)
-        return cls(str(data["name"]), int(str(data["pid"])), tuple(map(str, argv)), str(data["log"]))
+        return cls(
+            str(data["name"]), int(str(data["pid"])), tuple(map(str, argv)), str(data["log"])
+        )
 
 
 @dataclass
@@ -76,7 +78,7 @@ class ManagedProcess:
             log.write(f"\n--- start {time.strftime('%Y-%m-%d %H:%M:%S')}: ".encode())
             log.write((" ".join(self.argv) + "\n").encode())
             log.flush()
-            self._popen = subprocess.Popen(  # noqa: S603 - argv built by us
+            self._popen = subprocess.Popen(
                 list(self.argv),
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -156,7 +156,9 @@ class Sandbox:
         try:
             data = json.loads(path.read_text())
         except FileNotFoundError:
-            raise SandboxStateError(f"no {STATE_FILE} in {workdir}: nothing was started there") from None
+            raise SandboxStateError(
+                f"no {STATE_FILE} in {workdir}: nothing was started there"
+            ) from None
         except (OSError, ValueError) as exc:
             raise SandboxStateError(f"{path} is unreadable: {exc}") from exc
         return _from_state(path.parent, data)
@@ -198,12 +200,16 @@ def _db_state(db: MariaDBServer | None) -> dict[str, Any] | None:
 
 def _from_state(workdir: Path, data: dict[str, Any]) -> Sandbox:
     try:
-        etcd = EtcdCluster(workdir / "etcd", len(data["etcd"]["members"]), members=[
-            _member_from(m) for m in data["etcd"]["members"]
-        ])
+        etcd = EtcdCluster(
+            workdir / "etcd",
+            len(data["etcd"]["members"]),
+            members=[_member_from(m) for m in data["etcd"]["members"]],
+        )
         dbs = data["mariadb"]
         box = _sandbox_from(workdir, etcd, dbs)
-        box.extra = [ManagedProcess.adopt(ProcessRecord.from_json(r)) for r in data.get("extra", [])]
+        box.extra = [
+            ManagedProcess.adopt(ProcessRecord.from_json(r)) for r in data.get("extra", [])
+        ]
         box.started_at = float(data.get("started_at", 0.0))
     except (KeyError, TypeError, ValueError) as exc:
         raise SandboxStateError(f"{workdir / STATE_FILE} is malformed: {exc!r}") from exc

@@ -1,0 +1,138 @@
+"""`canal-ha up`, `canal-ha down` and `canal-ha demo`: the embedded sandbox from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+from canal_cluster.errors import ConfigError, SandboxStateError
+from canal_cluster.sandbox import STATE_FILE, Sandbox
+
+__all__ = ["demo", "down", "up"]
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C so both stop everything cleanly.
+
+    SIGINT gets Python's default handler explicitly: a shell that starts us in the
+    background leaves SIGINT ignored, and Ctrl-C (or kill -INT) must still stop us.
+    """
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous_term = signal.signal(signal.SIGTERM, handler)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
+        signal.signal(signal.SIGINT, previous_int)
+
+
+def _refuse_if_running(workdir: Path) -> None:
+    if not (workdir / STATE_FILE).exists():
+        return
+    try:
+        old = Sandbox.load(workdir)
+    except SandboxStateError:
+        return
+    running = [p.name for p in old.processes() if p.is_running()]
+    if running:
+        raise ConfigError(
+            "--workdir",
+            f"{workdir} already runs {', '.join(running)}; "
+            f"run `canal-ha down --workdir {workdir}` first",
+        )
+
+
+def start_sandbox(workdir: Path, etcd_members: int, standby: bool) -> Sandbox:
+    _refuse_if_running(workdir)
+    t0 = time.monotonic()
+    box = Sandbox(workdir, etcd_members=etcd_members, standby=standby).start()
+    print(f"canal-ha sandbox up in {time.monotonic() - t0:.1f}s ({box.workdir})")
+    return box
+
+
+def print_summary(box: Sandbox, nodes_requested: int) -> None:
+    etcd = box.etcd_cluster
+    rows = [("etcd", f"{','.join(etcd.endpoints)}  ({len(etcd.members)} member(s))")]
+    for db in (box.primary_db, box.standby_db):
+        if db is not None:
+            d = db.dsn()
+            rows.append((db.name, f"{d['url']}  server_id={d['server_id']}  pid {db.process.pid}"))
+    if nodes_requested:
+        rows.append(("nodes", f"{nodes_requested} requested; server nodes are not available yet"))
+    rows.append(("state", str(box.workdir / STATE_FILE)))
+    rows.append(("logs", f"{box.workdir}/{{etcd/*/etcd.log,primary/error.log,standby/error.log}}"))
+    for key, value in rows:
+        print(f"  {key:<8} {value}")
+
+
+def _wait_forever(box: Sandbox) -> None:
+    while True:
+        time.sleep(1.0)
+        dead = [p.name for p in box.processes() if not p.is_running()]
+        if dead:
+            print(f"canal-ha: {', '.join(dead)} exited; see the logs in {box.workdir}")
+
+
+def _stop(box: Sandbox) -> None:
+    stopped = box.stop()
+    print(f"canal-ha: stopped {', '.join(stopped) if stopped else 'nothing (all had exited)'}")
+
+
+def up(args: argparse.Namespace) -> int:
+    box = start_sandbox(args.workdir, args.etcd_members, args.standby)
+    print_summary(box, args.nodes)
+    if args.detach:
+        print(f"detached; stop with: canal-ha down --workdir {args.workdir}")
+        return 0
+    print("running; Ctrl-C stops everything")
+    with _sigterm_as_interrupt():
+        try:
+            _wait_forever(box)
+        except KeyboardInterrupt:
+            print()
+        finally:
+            _stop(box)
+    return 0
+
+
+def down(args: argparse.Namespace) -> int:
+    box = Sandbox.load(args.workdir)
+    before = {p.name: p.pid for p in box.processes()}
+    stopped = box.stop()
+    if not stopped:
+        print(f"canal-ha down: nothing was running in {box.workdir}")
+    for name in stopped:
+        print(f"stopped {name} (pid {before[name]})")
+    return 0
+
+
+def demo(args: argparse.Namespace) -> int:
+    from canal_cluster.demo import DemoRun
+
+    box = start_sandbox(args.workdir, 1, args.standby)
+    print_summary(box, 0)
+    run = DemoRun(box, rate=args.rate)
+    stop = threading.Event()
+    with _sigterm_as_interrupt():
+        try:
+            run.start()
+            print("writing rows and reading them back from the binlog; Ctrl-C stops")
+            run.report_until(stop, args.duration)
+        except KeyboardInterrupt:
+            print()
+        finally:
+            run.stop()
+            _stop(box)
+    print(run.final_line())
+    return 0

@@ -1,0 +1,344 @@
+"""Looking into a server's binlogs: files, end, server id, GTID state, search by time.
+
+Two small interfaces keep the search logic testable without a server:
+
+* ``BinlogInspector``: the SQL side (``SHOW BINARY LOGS``, ``SHOW MASTER STATUS``,
+  ``@@server_id``, ``BINLOG_GTID_POS``); ``SqlBinlogInspector`` is the real one.
+* ``EventSource``: "the events of file F from offset O" as ``BinlogEvent`` records
+  (start, end, timestamp, kind, server id); ``StreamEventSource`` reads them through
+  ``binlog_stream.open_stream``.
+
+``BinlogSearch`` builds on both: the first event time of a file, the latest
+transaction boundary at or before a time inside one file or across all files (bisect
+the files by first event time, then scan one), and the BEGIN of the transaction that
+contains an offset. A *boundary* is an offset between two transactions (a group, on
+MariaDB, starts at its GTID event and ends after its XID, COMMIT or, for DDL, its one
+statement); the start of a file (offset 4) is a boundary too.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Generator, Iterator, Mapping
+from contextlib import closing
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pymysqlreplication.event import (
+    FormatDescriptionEvent,
+    MariadbGtidEvent,
+    QueryEvent,
+    RotateEvent,
+    XidEvent,
+)
+
+from canal_cluster.errors import PositionNotFound, PurgedPosition
+from canal_server import binlog_stream
+from canal_server.positions import journal_seq
+
+__all__ = [
+    "BINLOG_START_OFFSET",
+    "OPERATOR_HINT",
+    "BinlogEvent",
+    "BinlogFile",
+    "BinlogInspector",
+    "BinlogSearch",
+    "Boundary",
+    "EventKind",
+    "EventSource",
+    "SqlBinlogInspector",
+    "StreamEventSource",
+    "boundaries",
+    "classify",
+    "open_group_start",
+]
+
+log = logging.getLogger(__name__)
+
+OPERATOR_HINT = (
+    "set master.timestamp (or master.journal_name + master.position) to a position the "
+    "server still has, or reset the client cursor"
+)
+BINLOG_START_OFFSET = 4  # after the 4-byte magic number: the first event of every file
+FL_STANDALONE = 1  # MariaDB GTID event flag: a group of one statement (DDL), no XID
+
+
+class EventKind(enum.StrEnum):
+    """What an event means for transaction boundaries."""
+
+    BEGIN = "begin"  # a transaction's first event (MariaDB GTID event, MySQL BEGIN)
+    STANDALONE = "standalone"  # a GTID event whose group is one statement (DDL)
+    COMMIT = "commit"  # a transaction's last event (XID, COMMIT query)
+    QUERY = "query"  # any other statement (DDL; ends a standalone group)
+    OTHER = "other"  # rows, table maps, format description, GTID lists, ...
+
+
+@dataclass(frozen=True)
+class BinlogEvent:
+    """One event of a file: ``start`` (Pos), ``end`` (End_log_pos), ``timestamp`` (s)."""
+
+    start: int
+    end: int
+    timestamp: int
+    kind: EventKind
+    server_id: int
+
+
+@dataclass(frozen=True)
+class BinlogFile:
+    name: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """An offset between transactions; ``timestamp`` (s) of the event that marks it."""
+
+    offset: int
+    timestamp: int
+    server_id: int
+
+    @property
+    def timestamp_ms(self) -> int:
+        return self.timestamp * 1000
+
+
+class EventSource(Protocol):
+    def read(self, journal: str, offset: int) -> Generator[BinlogEvent, None, None]:
+        """Events of ``journal`` from ``offset`` to its current end (not into the next file)."""
+        ...
+
+
+class BinlogInspector(Protocol):
+    def binary_logs(self) -> list[BinlogFile]:
+        """SHOW BINARY LOGS, oldest first."""
+        ...
+
+    def master_status(self) -> tuple[str, int]:
+        """SHOW MASTER STATUS: the current file and its end offset."""
+        ...
+
+    def server_id(self) -> int: ...
+
+    def gtid_at(self, journal: str, offset: int) -> str:
+        """The GTID state at a position (BINLOG_GTID_POS), "" when it has none."""
+        ...
+
+
+# -- the real inspector and event source ------------------------------------------------
+
+
+class SqlBinlogInspector:
+    """``BinlogInspector`` over one pymysql connection per call (the canal user)."""
+
+    def __init__(self, conn: Mapping[str, Any]) -> None:
+        self._conn = conn
+
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with binlog_stream.connect(self._conn) as c, c.cursor() as cur:
+            cur.execute(sql, args)
+            return list(cur.fetchall())
+
+    def binary_logs(self) -> list[BinlogFile]:
+        files = [BinlogFile(str(r[0]), int(r[1])) for r in self._rows("SHOW BINARY LOGS")]
+        return sorted(files, key=lambda f: journal_seq(f.name))
+
+    def master_status(self) -> tuple[str, int]:
+        rows = self._rows("SHOW MASTER STATUS")
+        if not rows:
+            raise PositionNotFound("SHOW MASTER STATUS is empty: is log_bin on?")
+        return str(rows[0][0]), int(rows[0][1])
+
+    def server_id(self) -> int:
+        return int(self._rows("SELECT @@server_id")[0][0])
+
+    def gtid_at(self, journal: str, offset: int) -> str:
+        value = self._rows("SELECT BINLOG_GTID_POS(%s, %s)", (journal, offset))[0][0]
+        return "" if value is None else str(value)
+
+
+def classify(ev: Any) -> EventKind:
+    """The boundary meaning of a mysql-replication event."""
+    if isinstance(ev, MariadbGtidEvent):
+        return EventKind.STANDALONE if ev.flags & FL_STANDALONE else EventKind.BEGIN
+    if isinstance(ev, XidEvent):
+        return EventKind.COMMIT
+    if isinstance(ev, QueryEvent):
+        query = ev.query.strip().upper() if isinstance(ev.query, str) else ""
+        if query == "BEGIN":
+            return EventKind.BEGIN
+        if query in ("COMMIT", "XA COMMIT") or query.startswith("XA COMMIT"):
+            return EventKind.COMMIT
+        return EventKind.QUERY
+    return EventKind.OTHER
+
+
+_SEARCH_EVENTS = (FormatDescriptionEvent, MariadbGtidEvent, QueryEvent, RotateEvent, XidEvent)
+
+
+class StreamEventSource:
+    """``EventSource`` over non-blocking binlog dumps (``binlog_stream.open_stream``)."""
+
+    def __init__(self, conn: Mapping[str, Any], slave_id: int) -> None:
+        self._conn = conn
+        self._slave_id = slave_id
+
+    def read(self, journal: str, offset: int) -> Generator[BinlogEvent, None, None]:
+        stream = binlog_stream.open_stream(
+            self._conn,
+            self._slave_id,
+            journal=journal,
+            offset=offset,
+            blocking=False,
+            only_events=_SEARCH_EVENTS,
+            check_config=False,
+        )
+        try:
+            while (ev := _next(stream, journal, offset)) is not None:
+                if isinstance(ev, RotateEvent) and ev.next_binlog != journal:
+                    return  # end of this file (or the server switched files)
+                span = binlog_stream.event_span(ev)
+                if span.artificial:
+                    continue
+                yield BinlogEvent(
+                    span.start, span.end, span.timestamp, classify(ev), span.server_id
+                )
+        finally:
+            stream.close()
+
+
+def _next(stream: Any, journal: str, offset: int) -> Any:
+    """``binlog_stream.next_event`` with the position named in a 1236 error."""
+    try:
+        return binlog_stream.next_event(stream)
+    except PurgedPosition as exc:
+        raise PurgedPosition(
+            f"cannot read binlog {journal} from offset {offset} (purged, or not an event "
+            f"start): {exc}; {OPERATOR_HINT}"
+        ) from exc
+
+
+# -- boundaries ---------------------------------------------------------------------------
+
+
+def _ends_group(ev: BinlogEvent, group: EventKind | None) -> bool:
+    """A COMMIT ends any group; another statement ends all but a BEGIN..COMMIT group."""
+    return ev.kind is EventKind.COMMIT or (
+        ev.kind is EventKind.QUERY and group is not EventKind.BEGIN
+    )
+
+
+def boundaries(events: Iterator[BinlogEvent]) -> Iterator[Boundary]:
+    """The transaction boundaries among ``events``, in order.
+
+    The start of the file (when the events begin there), a boundary at each group's
+    first event (its start offset) and one after its last event (its end offset); a
+    statement outside any group is a group of its own.
+    """
+    group: EventKind | None = None  # BEGIN or STANDALONE while inside a group
+    for ev in events:
+        if ev.start == BINLOG_START_OFFSET:
+            yield Boundary(BINLOG_START_OFFSET, ev.timestamp, ev.server_id)
+        if ev.kind in (EventKind.BEGIN, EventKind.STANDALONE):
+            yield Boundary(ev.start, ev.timestamp, ev.server_id)
+            group = ev.kind
+        elif _ends_group(ev, group):
+            yield Boundary(ev.end, ev.timestamp, ev.server_id)
+            group = None
+
+
+def open_group_start(events: Iterator[BinlogEvent], offset: int) -> int | None:
+    """Start of the group that ``offset`` falls inside (after its first event and
+    before the end of its last), else None. ``events`` start before ``offset``."""
+    group_start: int | None = None
+    group: EventKind | None = None
+    for ev in events:
+        if ev.start >= offset:
+            break
+        if ev.kind in (EventKind.BEGIN, EventKind.STANDALONE):
+            group_start, group = ev.start, ev.kind
+        elif _ends_group(ev, group) and ev.end <= offset:
+            group_start, group = None, None
+    return group_start
+
+
+# -- the search -----------------------------------------------------------------------------
+
+
+class BinlogSearch:
+    """Time and transaction searches over one server's binlogs."""
+
+    def __init__(self, inspector: BinlogInspector, source: EventSource) -> None:
+        self.inspector = inspector
+        self.source = source
+        self.first_time_reads = 0  # how many files' first event time were read
+        self.scanned: list[str] = []  # files scanned for boundaries, in order
+
+    def first_event_time(self, journal: str) -> int:
+        """Timestamp (s) of the first real event of ``journal`` (its creation)."""
+        self.first_time_reads += 1
+        with closing(self.source.read(journal, BINLOG_START_OFFSET)) as events:
+            for ev in events:
+                if ev.timestamp > 0:
+                    return ev.timestamp
+        raise PositionNotFound(f"binlog {journal} has no event with a timestamp")
+
+    def search_file(self, journal: str, target_ms: int) -> Boundary | None:
+        """The latest boundary of ``journal`` with time ≤ ``target_ms``, stopping at the
+        first boundary after it (times in a binlog are not strictly ordered)."""
+        self.scanned.append(journal)
+        found: Boundary | None = None
+        with closing(self.source.read(journal, BINLOG_START_OFFSET)) as events:
+            for b in boundaries(events):
+                if b.timestamp_ms > target_ms:
+                    break
+                found = b
+        return found
+
+    def search_all(self, target_ms: int) -> tuple[str, Boundary]:
+        """The latest boundary with time ≤ ``target_ms`` over every binlog.
+
+        Bisects the files by first event time, scans the newest file that starts at
+        or before the target, and steps back a file while a scan finds nothing.
+        """
+        files = [f.name for f in self.inspector.binary_logs()]
+        if not files:
+            raise PositionNotFound("the server has no binary logs")
+        index = self._last_file_starting_by(files, target_ms)
+        while index >= 0:
+            found = self.search_file(files[index], target_ms)
+            if found is not None:
+                return files[index], found
+            index -= 1
+        return self._before_oldest(files[0], target_ms)
+
+    def _last_file_starting_by(self, files: list[str], target_ms: int) -> int:
+        """Largest index whose first event time ≤ target (-1 if none): a bisection."""
+        lo, hi = 0, len(files) - 1
+        best = -1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if self.first_event_time(files[mid]) * 1000 <= target_ms:
+                best, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+        return best
+
+    def _before_oldest(self, oldest: str, target_ms: int) -> tuple[str, Boundary]:
+        """The target precedes every binlog: safe only if nothing came before the oldest."""
+        state = self.inspector.gtid_at(oldest, BINLOG_START_OFFSET)
+        if state:
+            raise PurgedPosition(
+                f"no binlog reaches back to timestamp {target_ms} ms: the oldest, {oldest}, "
+                f"starts after it with GTID state {state} (older binlogs were purged); "
+                f"{OPERATOR_HINT}"
+            )
+        first = self.first_event_time(oldest)
+        return oldest, Boundary(BINLOG_START_OFFSET, first, 0)
+
+    def transaction_begin(self, journal: str, offset: int) -> int:
+        """Start of the transaction that ``offset`` falls inside, else ``offset``."""
+        with closing(self.source.read(journal, BINLOG_START_OFFSET)) as events:
+            start = open_group_start(events, offset)
+        return offset if start is None else start

@@ -1,0 +1,258 @@
+"""The one place that opens a mysql-replication 1.0.17 binlog stream for MariaDB.
+
+Use ``open_stream`` to start reading, ``next_event`` to read (it translates the
+library's errors into ours), ``event_span`` for an event's offsets and server id, and
+``interrupt`` to end a blocked read from another thread.
+
+Fixes of the library's behaviour, applied to the streams opened here only:
+
+- **File/offset resume** uses ``is_mariadb=False, resume_stream=True`` (with
+  ``is_mariadb=True`` and no ``auto_position`` the library ignores log_file/log_pos
+  and starts at the oldest binlog). GTID events still arrive as ``MariadbGtidEvent``.
+- **GTID resume** uses ``is_mariadb=True, auto_position=<gtid state>``. The library's
+  MariaDB COM_BINLOG_DUMP declares a 14-byte payload but sends 15 (command 1 + pos 4
+  + flags 2 + server id 4 + empty file name 4); the server then reads one byte too
+  few, and at the end of a non-blocking dump resets the connection (2013), which the
+  library answers by reconnecting from the original GTID forever.
+  ``_MariadbStreamReader`` re-packs the header with the real payload length.
+- **No silent reconnect.** On errors 2013/2006 the library closes the stream and
+  reconnects from the constructor's position (duplicates). Every pymysql connection
+  made here converts those errors into ``BinlogConnectionLost`` (not a pymysql
+  error, so the library's ``except`` does not swallow it): the caller resumes from
+  its own last committed position. No global of the library is changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pymysql
+from pymysqlreplication import BinLogStreamReader
+
+from canal_cluster.errors import (
+    BinlogConfigError,
+    BinlogConnectionLost,
+    BinlogError,
+    PurgedPosition,
+)
+
+__all__ = [
+    "CONNECTION_LOST_CODES",
+    "REQUIRED_VARIABLES",
+    "EventSpan",
+    "check_binlog_config",
+    "check_server_config",
+    "connect",
+    "event_span",
+    "interrupt",
+    "next_event",
+    "open_stream",
+]
+
+CONNECTION_LOST_CODES = frozenset({2006, 2013})
+ER_MASTER_FATAL_ERROR_READING_BINLOG = 1236
+
+# What canal needs (server variable → required value).
+REQUIRED_VARIABLES: Mapping[str, str] = {
+    "log_bin": "ON",
+    "binlog_format": "ROW",
+    "binlog_row_image": "FULL",
+    "binlog_row_metadata": "FULL",
+}
+
+_CONN_KEYS = ("host", "port", "user", "password", "connect_timeout", "read_timeout")
+
+
+# -- connections -----------------------------------------------------------------
+
+
+def _connection_kwargs(conn: Mapping[str, Any]) -> dict[str, Any]:
+    """host/port/user/password (+ timeouts) of a DSN dict; other keys are dropped."""
+    kw = {k: conn[k] for k in _CONN_KEYS if k in conn}
+    kw.setdefault("connect_timeout", 5)
+    kw["charset"] = "utf8mb4"
+    return kw
+
+
+def _guarded_connect(**kwargs: Any) -> pymysql.connections.Connection[Any]:
+    """pymysql.connect whose connection-loss errors become BinlogConnectionLost.
+
+    The library passes the deprecated ``db`` keyword for its control connection
+    (a DeprecationWarning in pymysql 1.2); it is renamed to ``database`` here.
+    """
+    if "db" in kwargs:
+        kwargs["database"] = kwargs.pop("db")
+    connection = pymysql.connect(**kwargs)
+    read_packet = connection._read_packet
+
+    def guarded_read_packet(*args: Any, **kw: Any) -> Any:
+        try:
+            return read_packet(*args, **kw)  # type: ignore[no-untyped-call]
+        except pymysql.err.OperationalError as exc:
+            if exc.args and exc.args[0] in CONNECTION_LOST_CODES:
+                raise BinlogConnectionLost(f"binlog connection lost: {exc}") from exc
+            raise
+
+    connection._read_packet = guarded_read_packet  # type: ignore[method-assign]
+    return connection
+
+
+def connect(conn: Mapping[str, Any], **extra: Any) -> pymysql.connections.Connection[Any]:
+    """A plain autocommit connection (queries, config checks) from a DSN dict."""
+    return pymysql.connect(**_connection_kwargs(conn), autocommit=True, **extra)
+
+
+# -- server configuration ------------------------------------------------------------
+
+
+def check_binlog_config(variables: Mapping[str, str]) -> None:
+    """Raise BinlogConfigError naming every required variable that is wrong or missing."""
+    lowered = {k.lower(): str(v) for k, v in variables.items()}
+    wrong = []
+    for name, want in REQUIRED_VARIABLES.items():
+        got = lowered.get(name)
+        if got is None or got.upper() != want:
+            wrong.append(f"{name}={got if got is not None else '<missing>'} (need {want})")
+    if wrong:
+        raise BinlogConfigError("binlog settings canal needs are wrong: " + ", ".join(wrong))
+
+
+def check_server_config(conn: Mapping[str, Any]) -> None:
+    """Read the server's binlog variables and check them (BinlogConfigError)."""
+    names = ", ".join(f"'{n}'" for n in REQUIRED_VARIABLES)
+    with connect(conn) as c, c.cursor() as cur:
+        cur.execute(f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({names})")
+        check_binlog_config({str(r[0]): str(r[1]) for r in cur.fetchall()})
+
+
+# -- the stream ----------------------------------------------------------------------
+
+
+class _MariadbStreamReader(BinLogStreamReader):  # type: ignore[misc]
+    """BinLogStreamReader with the MariaDB GTID dump length corrected (see module doc)."""
+
+    def _BinLogStreamReader__set_mariadb_settings(self) -> bytes:
+        prelude: bytes = super()._BinLogStreamReader__set_mariadb_settings()
+        return _fix_dump_length(prelude)
+
+
+def _fix_dump_length(prelude: bytes) -> bytes:
+    """Re-pack the 3-byte length (+ sequence id 0) with the real payload length."""
+    payload = prelude[4:]
+    return struct.pack("<i", len(payload)) + payload
+
+
+def open_stream(
+    conn: Mapping[str, Any],
+    server_id: int,
+    *,
+    journal: str | None = None,
+    offset: int | None = None,
+    gtid: str | None = None,
+    blocking: bool = True,
+    only_events: Iterable[type] | None = None,
+    heartbeat_s: float | None = None,
+    check_config: bool = True,
+) -> BinLogStreamReader:
+    """Open a binlog stream at ``journal``/``offset`` or at the GTID state ``gtid``.
+
+    ``server_id`` is our replication slave id (must differ from every server's and
+    other readers'). The stream connects lazily at the first ``next_event``. With
+    ``heartbeat_s`` the master sends heartbeats while idle and the socket read times
+    out after three missed ones (BinlogConnectionLost).
+    """
+    if (journal is None) == (gtid is None):
+        raise ValueError("give exactly one of journal (+ offset) or gtid")
+    if check_config:
+        check_server_config(conn)
+    settings = _connection_kwargs(conn)
+    if heartbeat_s:
+        settings["read_timeout"] = max(3 * heartbeat_s, 1.0)
+    common: dict[str, Any] = {
+        "connection_settings": settings,
+        "server_id": server_id,
+        "blocking": blocking,
+        "only_events": list(only_events) if only_events is not None else None,
+        "slave_heartbeat": heartbeat_s,
+        "pymysql_wrapper": _guarded_connect,
+        "enable_logging": False,
+        "use_column_name_cache": False,
+    }
+    if gtid is not None:
+        return _MariadbStreamReader(is_mariadb=True, auto_position=gtid, **common)
+    return _MariadbStreamReader(
+        is_mariadb=False, resume_stream=True, log_file=journal, log_pos=offset or 4, **common
+    )
+
+
+def next_event(stream: BinLogStreamReader) -> Any:
+    """The next event (None at the end of a non-blocking stream), errors translated.
+
+    Raises BinlogConnectionLost on a broken connection, PurgedPosition on errno 1236
+    (bad start: purged or unknown file/GTID, offset inside an event), BinlogError on
+    other server errors.
+    """
+    try:
+        return stream.fetchone()
+    except BinlogConnectionLost:
+        raise
+    except pymysql.err.MySQLError as exc:
+        code = exc.args[0] if exc.args else None
+        if code == ER_MASTER_FATAL_ERROR_READING_BINLOG:
+            raise PurgedPosition(f"cannot start the binlog dump there: {exc}") from exc
+        if code in CONNECTION_LOST_CODES:
+            raise BinlogConnectionLost(f"binlog connection lost: {exc}") from exc
+        raise BinlogError(f"binlog read failed: {exc}") from exc
+    except (OSError, struct.error) as exc:
+        raise BinlogConnectionLost(f"binlog connection lost: {exc!r}") from exc
+
+
+def interrupt(stream: BinLogStreamReader) -> None:
+    """End a (possibly blocked) read from another thread; never blocks.
+
+    Shuts the stream's socket down: a read blocked in ``next_event`` wakes with
+    BinlogConnectionLost. Call ``stream.close()`` afterwards from the reading thread.
+    """
+    connection = getattr(stream, "_stream_connection", None)
+    sock: socket.socket | None = getattr(connection, "_sock", None)
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+# -- positions of events --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EventSpan:
+    """Where an event lies: ``start`` (what SHOW BINLOG EVENTS calls Pos), ``end``
+    (End_log_pos, where the next event starts), the origin ``server_id``,
+    ``timestamp`` (s) and ``artificial`` (fake Rotate, or sent with log_pos 0)."""
+
+    start: int
+    end: int
+    server_id: int
+    timestamp: int
+    artificial: bool
+
+
+def event_span(ev: Any) -> EventSpan:
+    """Offsets of an event: end = header log_pos; start = end - event_size.
+
+    ``event_size`` in the event header counts the whole event: the 19-byte header,
+    the body and the 4-byte checksum, so ``end - event_size`` is the start. Events the
+    server makes up for the dump (the first RotateEvent with timestamp 0, a format
+    description resent mid-file) carry log_pos 0: they are ``artificial``.
+    """
+    packet = ev.packet
+    end = int(packet.log_pos)
+    size = int(packet.event_size)
+    artificial = end == 0 or int(ev.timestamp) == 0
+    start = end - size if end >= size and not artificial else end
+    return EventSpan(start, end, int(packet.server_id), int(ev.timestamp), artificial)

@@ -1,0 +1,382 @@
+"""The embedded server of one destination (Canal's CanalServerWithEmbedded).
+
+Every REST route of API.md maps to one call here; ``UnknownDestination`` is the
+caller's business (it picks the EmbeddedServer by destination).
+
+Semantics (seeds 002/003, DESIGN.md "Batches, cursors and delivery guarantee"):
+
+* ``subscribe(client, filter)``: idempotent; a new filter replaces the old one. A
+  client starts after its cursor, or at the first stored entry if it never acked.
+* ``get_without_ack(client, size, timeout_s)``: up to ``size`` entries after the
+  client's last outstanding batch (else after its cursor, else from the first stored
+  entry). Returns as soon as at least one entry is there, waiting up to
+  ``timeout_s``; ``Batch.empty()`` (id -1) when nothing arrives. Records the batch
+  (id and position range of the raw entries it covers) in the MetaManager.
+* ``get``: the same, then ``ack``.
+* ``get_batch(client, id)``: an outstanding batch again, re-read from the store by its
+  range (also after a restart, once the reader has re-read that far; until then
+  it waits up to ``timeout_s`` and raises BatchUnavailable).
+* ``ack(client, id)``: cumulative: every outstanding batch <= id; the cursor moves to
+  the end of batch id; the store may free what every client acked. An id that is
+  not outstanding (never issued, already acked or rolled back) is UnknownBatch.
+* ``rollback(client, id)``: drops batch id and every later outstanding batch;
+  ``rollback(client)`` drops all. The next get re-delivers from there. Like Canal,
+  ``rollback(client)`` of a client that is not subscribed is a no-op (clients roll
+  back on connect).
+
+A client filter narrows at get time (see ``canal_server.filter``). When everything a
+get scanned is filtered out and the client has no outstanding batch, the cursor
+simply moves past it ("skip"), so a quiet filter can never fill the store.
+
+Thread-safe: one lock per client (different clients never wait for each other);
+the long-poll wait happens outside it, so an ack is never stuck behind a get.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from canal_cluster.errors import (
+    BatchUnavailable,
+    InvalidArgument,
+    NotSubscribed,
+    StoreError,
+    UnknownBatch,
+)
+from canal_cluster.keys import Keys
+from canal_server.entry import Entry
+from canal_server.filter import EventFilter
+from canal_server.meta import MetaManager, PositionRange
+from canal_server.positions import LogPosition
+from canal_server.store import EventStore, StoredEvent
+
+__all__ = ["MAX_BATCH_SIZE", "MAX_TIMEOUT_S", "Batch", "EmbeddedServer"]
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH_SIZE = 65536
+MAX_TIMEOUT_S = 300.0
+EMPTY_BATCH_ID = -1
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A batch (Canal's Message): id, entries and the position range it covers."""
+
+    id: int
+    entries: tuple[Entry, ...] = ()
+    start: LogPosition | None = None
+    end: LogPosition | None = None
+
+    @classmethod
+    def empty(cls) -> Batch:
+        return cls(EMPTY_BATCH_ID)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.id == EMPTY_BATCH_ID
+
+    def to_wire(self, binary_as_base64: bool = False) -> dict[str, Any]:
+        """``{"id", "entries", "start", "end"}``; empty: ``{"id": -1, "entries": []}``."""
+        wire: dict[str, Any] = {
+            "id": self.id,
+            "entries": [e.to_wire(binary_as_base64) for e in self.entries],
+        }
+        if self.start is not None and self.end is not None:
+            wire["start"] = self.start.to_dict()
+            wire["end"] = self.end.to_dict()
+        return wire
+
+    def to_json_wire(self) -> dict[str, Any]:
+        return self.to_wire(binary_as_base64=True)
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any], binary_as_base64: bool = False) -> Batch:
+        start, end = d.get("start"), d.get("end")
+        return cls(
+            int(d["id"]),
+            tuple(Entry.from_wire(e, binary_as_base64) for e in d.get("entries", [])),
+            LogPosition.from_dict(start) if start else None,
+            LogPosition.from_dict(end) if end else None,
+        )
+
+
+@dataclass
+class _ClientState:
+    """Runtime state of one client; everything durable is in the MetaManager."""
+
+    filter: EventFilter
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    acked_seq: int | None = None  # store seq of the cursor, when known in this store
+    seqs: dict[int, tuple[int, int]] = field(default_factory=dict)  # batch id → seqs
+
+
+_Pointer = int | LogPosition | None
+
+
+class EmbeddedServer:
+    """get / ack / rollback for the clients of one destination.
+
+    Build it after the MetaManager holds its final state (e.g. restored from etcd):
+    it registers every subscribed client in the store, so the store keeps what
+    they have not acked. A changed filter applies to later gets and to re-reads of
+    outstanding batches; clients roll back when they change it.
+    """
+
+    def __init__(
+        self,
+        destination: str,
+        store: EventStore,
+        meta: MetaManager,
+        *,
+        max_batch_size: int = MAX_BATCH_SIZE,
+        max_timeout_s: float = MAX_TIMEOUT_S,
+    ) -> None:
+        self.destination = destination
+        self.store = store
+        self.meta = meta
+        self.max_batch_size = max_batch_size
+        self.max_timeout_s = max_timeout_s
+        self._lock = threading.Lock()
+        self._clients: dict[str, _ClientState] = {}
+        for client in meta.clients():
+            self._clients[client] = _ClientState(
+                EventFilter.for_client(meta.subscription(client) or "")
+            )
+            store.register(client)
+
+    # ---- subscriptions -------------------------------------------------------
+    def subscribe(self, client: str, filter: str = "") -> None:
+        Keys().subscription(self.destination, client)  # InvalidArgument("client_id")
+        flt = EventFilter.for_client(filter)
+        with self._lock:
+            changed = self.meta.subscription(client) != filter
+            self.meta.subscribe(client, filter)
+            self.store.register(client)
+            state = self._clients.setdefault(client, _ClientState(flt))
+        if state.filter is not flt:
+            with state.lock:  # never while holding self._lock: lock order is client → server
+                state.filter = flt
+        if changed:
+            log.info("%s: client %s subscribed, filter %r", self.destination, client, filter)
+
+    def unsubscribe(self, client: str) -> None:
+        """Forget the client's subscription, cursor and batches (idempotent)."""
+        with self._lock:
+            state = self._clients.get(client)
+        if state is None:
+            self.meta.unsubscribe(client)
+            return
+        with state.lock, self._lock:  # waits for the client's running call
+            if self._clients.get(client) is state:
+                del self._clients[client]
+            self.meta.unsubscribe(client)
+            self.store.unregister(client)
+        log.info("%s: client %s unsubscribed", self.destination, client)
+
+    def subscriptions(self) -> dict[str, str]:
+        """Subscribed client ids and their filters."""
+        return {c: self.meta.subscription(c) or "" for c in self.meta.clients()}
+
+    def cursor(self, client: str) -> LogPosition | None:
+        """The position of the client's last acked entry (None before its first ack)."""
+        self._state(client)
+        return self.meta.cursor(client)
+
+    # ---- get -------------------------------------------------------------------
+    def get_without_ack(self, client: str, size: int, timeout_s: float = 0.0) -> Batch:
+        self._check_size(size)
+        self._check_timeout(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = self._state(client)
+            with state.lock:
+                self._check_current(client, state)
+                batch, wait_after = self._take(client, state, size)
+            if batch is not None:
+                return batch
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return Batch.empty()
+            self.store.wait_for(wait_after, remaining)
+
+    def get(self, client: str, size: int, timeout_s: float = 0.0) -> Batch:
+        """get_without_ack, then ack (Canal's get)."""
+        batch = self.get_without_ack(client, size, timeout_s)
+        if not batch.is_empty:
+            self.ack(client, batch.id)
+        return batch
+
+    def get_batch(self, client: str, batch_id: int, timeout_s: float = 0.0) -> Batch:
+        """An outstanding batch again, with the same entries."""
+        self._check_timeout(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = self._state(client)
+            with state.lock:
+                self._check_current(client, state)
+                batch = self._reread(client, state, batch_id)
+                seen = self.store.last_seq
+            if batch is not None:
+                return batch
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BatchUnavailable(
+                    f"{self.destination}: batch {batch_id} of client {client} is not re-read "
+                    "from the binlog yet; retry later or roll back"
+                )
+            self.store.wait_for(seen, remaining)
+
+    # ---- ack / rollback ------------------------------------------------------
+    def ack(self, client: str, batch_id: int) -> None:
+        """Acknowledge every outstanding batch <= batch_id."""
+        state = self._state(client)
+        with state.lock:
+            self._check_current(client, state)
+            outstanding = dict(self.meta.batches(client))
+            if batch_id not in outstanding:
+                raise self._unknown(client, batch_id, "ack")
+            end_seq = state.seqs.get(batch_id, (0, None))[1]
+            for bid in sorted(outstanding):
+                if bid <= batch_id:
+                    self.meta.remove_batch(client, bid)
+                    state.seqs.pop(bid, None)
+            self._move_cursor(client, state, outstanding[batch_id].end, end_seq)
+        log.debug("%s: client %s acked batch %d", self.destination, client, batch_id)
+
+    def rollback(self, client: str, batch_id: int | None = None) -> None:
+        """Drop batch_id and every later outstanding batch; None: all of them."""
+        if batch_id is None and not self.meta.is_subscribed(client):
+            return
+        state = self._state(client)
+        with state.lock:
+            self._check_current(client, state)
+            outstanding = [bid for bid, _ in self.meta.batches(client)]
+            if batch_id is not None and batch_id not in outstanding:
+                raise self._unknown(client, batch_id, "rollback")
+            first = batch_id if batch_id is not None else 0
+            for bid in outstanding:
+                if bid >= first:
+                    self.meta.remove_batch(client, bid)
+                    state.seqs.pop(bid, None)
+        log.info("%s: client %s rolled back from batch %s", self.destination, client, batch_id)
+
+    # ---- internals -------------------------------------------------------------
+    def _state(self, client: str) -> _ClientState:
+        with self._lock:
+            state = self._clients.get(client)
+        if state is None:
+            raise NotSubscribed(f"{self.destination}: client {client!r} has not subscribed")
+        return state
+
+    def _check_current(self, client: str, state: _ClientState) -> None:
+        with self._lock:
+            if self._clients.get(client) is not state:
+                raise NotSubscribed(f"{self.destination}: client {client!r} unsubscribed")
+
+    def _check_size(self, size: int) -> None:
+        if (
+            isinstance(size, bool)
+            or not isinstance(size, int)
+            or not 1 <= size <= self.max_batch_size
+        ):
+            raise InvalidArgument("size", f"must be an integer in 1..{self.max_batch_size}")
+
+    def _check_timeout(self, timeout_s: float) -> None:
+        if not 0 <= timeout_s <= self.max_timeout_s:
+            raise InvalidArgument("timeout", f"must be within 0..{self.max_timeout_s:g} s")
+
+    def _unknown(self, client: str, batch_id: int, op: str) -> UnknownBatch:
+        last = self.meta.last_batch_id(client)
+        if not 1 <= batch_id <= last:
+            why = f"was never issued (last batch issued to this client: {last})"
+        else:
+            why = "is not outstanding (already acked or rolled back)"
+        return UnknownBatch(f"{self.destination}: {op} of client {client}: batch {batch_id} {why}")
+
+    def _read_pointer(self, client: str, state: _ClientState) -> _Pointer:
+        """Where the next get starts: after the last outstanding batch, cursor, or head."""
+        batches = self.meta.batches(client)
+        if batches:
+            last_id, rng = batches[-1]
+            seqs = state.seqs.get(last_id)
+            return seqs[1] if seqs is not None else rng.end
+        if state.acked_seq is not None:
+            return state.acked_seq
+        return self.meta.cursor(client)
+
+    def _scan(
+        self, state: _ClientState, after: _Pointer, size: int
+    ) -> tuple[list[StoredEvent], list[Entry]]:
+        """Raw events after ``after`` until ``size`` entries pass the client filter."""
+        raw: list[StoredEvent] = []
+        out: list[Entry] = []
+        narrower = None if state.filter.passes_everything else state.filter.narrower()
+        while len(out) < size and len(raw) < self.store.buffer_size:
+            chunk = self.store.get(after, size - len(out))
+            if not chunk:
+                break
+            for ev in chunk:
+                raw.append(ev)
+                out.extend([ev.entry] if narrower is None else narrower.feed(ev.entry))
+                if len(out) >= size:
+                    break
+            after = raw[-1].seq
+        if narrower is not None:
+            out.extend(narrower.finish())
+        return raw, out
+
+    def _take(self, client: str, state: _ClientState, size: int) -> tuple[Batch | None, _Pointer]:
+        """Non-blocking get; returns (batch or None, what to wait after)."""
+        pointer = self._read_pointer(client, state)
+        raw, out = self._scan(state, pointer, size)
+        if not raw:
+            return None, pointer
+        first, last = raw[0], raw[-1]
+        if not out:
+            if not self.meta.batches(client):
+                self._move_cursor(client, state, last.position, last.seq)
+                log.debug(
+                    "%s: client %s skipped %d filtered entries", self.destination, client, len(raw)
+                )
+            return None, last.seq
+        rng = PositionRange(first.position, last.position)
+        batch_id = self.meta.add_batch(client, rng)
+        state.seqs[batch_id] = (first.seq, last.seq)
+        log.debug(
+            "%s: client %s got batch %d (%d entries)", self.destination, client, batch_id, len(out)
+        )
+        return Batch(batch_id, tuple(out), rng.start, rng.end), last.seq
+
+    def _reread(self, client: str, state: _ClientState, batch_id: int) -> Batch | None:
+        rng = self.meta.batch(client, batch_id)
+        if rng is None:
+            raise self._unknown(client, batch_id, "get")
+        seqs = state.seqs.get(batch_id)
+        if seqs is None:
+            try:
+                seqs = self.store.find_range(rng.start, rng.end)
+            except StoreError as exc:
+                raise BatchUnavailable(f"{exc}; roll the batch back") from exc
+            if seqs is None:
+                return None
+            state.seqs[batch_id] = seqs
+        events = self.store.get_range(*seqs)
+        entries = [ev.entry for ev in events]
+        if not state.filter.passes_everything:
+            entries = state.filter.narrow(entries)
+        return Batch(batch_id, tuple(entries), rng.start, rng.end)
+
+    def _move_cursor(
+        self, client: str, state: _ClientState, position: LogPosition, seq: int | None
+    ) -> None:
+        self.meta.update_cursor(client, position)
+        if seq is None:
+            seq = self.store.seq_at_or_before(position)
+        state.acked_seq = seq
+        if seq is not None:
+            self.store.ack(client, seq)

@@ -1,0 +1,104 @@
+"""Where the binlog reader resumes (Canal's CanalLogPositionManager family).
+
+* ``MemoryLogPositionManager``: the latest position the reader sank, per destination;
+  right while this process keeps leading.
+* ``MetaLogPositionManager``: the minimum cursor over a destination's clients (Canal's
+  ``min_position`` rule), read from its MetaManager; what a new leader resumes from.
+  ``persist`` is a no-op: cursors are written by acks.
+* ``FailbackLogPositionManager``: ``get_latest`` asks the primary, then the secondary;
+  ``persist`` writes to the primary, and to the secondary only if the primary fails.
+  The usual wiring is ``Failback(Memory, Meta)``.
+
+Wiring rule: the memory position is only valid together with the store it filled.
+When a destination's store is discarded (leadership lost, instance rebuilt), call
+``MemoryLogPositionManager.forget(destination)``, otherwise the reader would resume
+after entries that clients have not acked yet, and those would never be delivered.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+from canal_server.meta import MetaManager
+from canal_server.positions import LogPosition, min_position
+
+__all__ = [
+    "FailbackLogPositionManager",
+    "LogPositionManager",
+    "MemoryLogPositionManager",
+    "MetaLogPositionManager",
+]
+
+log = logging.getLogger(__name__)
+
+
+class LogPositionManager(ABC):
+    """Latest position of a destination's reader."""
+
+    @abstractmethod
+    def get_latest(self, destination: str) -> LogPosition | None:
+        """The position to resume after, or None when nothing is known."""
+
+    @abstractmethod
+    def persist(self, destination: str, position: LogPosition) -> None:
+        """Record that the reader sank everything up to ``position``."""
+
+
+class MemoryLogPositionManager(LogPositionManager):
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._positions: dict[str, LogPosition] = {}
+
+    def get_latest(self, destination: str) -> LogPosition | None:
+        with self._lock:
+            return self._positions.get(destination)
+
+    def persist(self, destination: str, position: LogPosition) -> None:
+        with self._lock:
+            self._positions[destination] = position
+
+    def forget(self, destination: str) -> None:
+        """Drop what is known (e.g. when leadership of the destination is lost)."""
+        with self._lock:
+            self._positions.pop(destination, None)
+
+
+class MetaLogPositionManager(LogPositionManager):
+    """Minimum client cursor of the destination's MetaManager (``lookup(destination)``)."""
+
+    def __init__(self, lookup: Callable[[str], MetaManager | None]) -> None:
+        self._lookup = lookup
+
+    def get_latest(self, destination: str) -> LogPosition | None:
+        meta = self._lookup(destination)
+        if meta is None:
+            return None
+        result: LogPosition | None = None
+        for client in meta.clients():
+            cursor = meta.cursor(client)
+            if cursor is not None:
+                result = cursor if result is None else min_position(result, cursor)
+        return result
+
+    def persist(self, destination: str, position: LogPosition) -> None:
+        """Nothing to do: client cursors are written by acks."""
+
+
+class FailbackLogPositionManager(LogPositionManager):
+    def __init__(self, primary: LogPositionManager, secondary: LogPositionManager) -> None:
+        self.primary = primary
+        self.secondary = secondary
+
+    def get_latest(self, destination: str) -> LogPosition | None:
+        latest = self.primary.get_latest(destination)
+        return latest if latest is not None else self.secondary.get_latest(destination)
+
+    def persist(self, destination: str, position: LogPosition) -> None:
+        try:
+            self.primary.persist(destination, position)
+        except Exception:
+            log.warning("%s: primary position manager failed, using secondary", destination)
+            self.secondary.persist(destination, position)

@@ -1,0 +1,270 @@
+"""binlog_stream: offsets, the GTID dump length fix, no silent reconnect, config checks."""
+
+from __future__ import annotations
+
+import gc
+import struct
+import threading
+import warnings
+from typing import Any
+
+import pytest
+from pymysqlreplication import BinLogStreamReader
+
+from canal_cluster.errors import BinlogConfigError, BinlogConnectionLost
+from canal_cluster.retry import wait_until
+from canal_cluster.sandbox import Sandbox
+from canal_server import binlog_stream
+from canal_server.binlog_stream import (
+    check_binlog_config,
+    check_server_config,
+    event_span,
+    interrupt,
+    next_event,
+    open_stream,
+)
+
+pytest_plugins = ("reader_fixtures",)
+
+GOOD = {
+    "log_bin": "ON",
+    "binlog_format": "ROW",
+    "binlog_row_image": "FULL",
+    "binlog_row_metadata": "FULL",
+}
+
+
+def _write_some(sandbox: Sandbox, db: str) -> None:
+    sandbox.primary.execute(
+        f"CREATE DATABASE IF NOT EXISTS {db}",
+        f"CREATE TABLE IF NOT EXISTS {db}.t (id INT PRIMARY KEY, v VARCHAR(20))",
+        f"INSERT INTO {db}.t VALUES (1, 'a'), (2, 'b')",
+        f"UPDATE {db}.t SET v = 'c' WHERE id = 1",
+        f"DELETE FROM {db}.t WHERE id = 2",
+    )
+
+
+def _drain(stream: BinLogStreamReader) -> list[Any]:
+    events = []
+    try:
+        while (ev := next_event(stream)) is not None:
+            events.append(ev)
+    finally:
+        stream.close()
+    return events
+
+
+def test_offsets_match_show_binlog_events(db: Sandbox) -> None:
+    sandbox = db
+    _write_some(sandbox, "t_stream_offsets")
+    journal, _ = sandbox.primary.master_status()
+    shown = sandbox.primary.execute(f"SHOW BINLOG EVENTS IN '{journal}'")
+    # (Pos, End_log_pos) -> Event_type
+    expected = {(int(r[1]), int(r[4])): str(r[2]) for r in shown}
+    events = _drain(open_stream(sandbox.primary.dsn(), 5101, journal=journal, blocking=False))
+    assert type(events[0]).__name__ == "RotateEvent" and events[0].timestamp == 0
+    assert event_span(events[0]).artificial
+    real = [ev for ev in events if not event_span(ev).artificial]
+    assert len(real) > 10
+    names = {"MariadbGtidEvent": "Gtid", "XidEvent": "Xid", "QueryEvent": "Query"}
+    for ev in real:
+        span = event_span(ev)
+        assert (span.start, span.end) in expected, (type(ev).__name__, span)
+        kind = type(ev).__name__
+        if kind in names:
+            assert expected[(span.start, span.end)] == names[kind]
+        assert span.server_id == sandbox.primary.server_id
+    # Consecutive real events tile the file (no gaps except filtered events).
+    starts = sorted(s for s, _ in expected)
+    assert [event_span(ev).start for ev in real] == [
+        s for s in starts if s in {event_span(ev).start for ev in real}
+    ]
+
+
+def test_resume_from_offset_starts_there(db: Sandbox) -> None:
+    sandbox = db
+    _write_some(sandbox, "t_stream_resume")
+    journal, _ = sandbox.primary.master_status()
+    shown = sandbox.primary.execute(f"SHOW BINLOG EVENTS IN '{journal}'")
+    gtid_rows = [r for r in shown if r[2] == "Gtid"]
+    start = int(gtid_rows[-2][1])
+    events = _drain(
+        open_stream(sandbox.primary.dsn(), 5102, journal=journal, offset=start, blocking=False)
+    )
+    real = [ev for ev in events if not event_span(ev).artificial]
+    assert event_span(real[0]).start == start
+    assert type(real[0]).__name__ == "MariadbGtidEvent"
+
+
+def _gtid_of_last_transactions(sandbox: Sandbox, n: int) -> tuple[str, list[str]]:
+    """A GTID state n transactions back, and the GTIDs that follow it."""
+    journal, _ = sandbox.primary.master_status()
+    shown = sandbox.primary.execute(f"SHOW BINLOG EVENTS IN '{journal}'")
+    gtids = [str(r[5]).split()[-1] for r in shown if r[2] == "Gtid"]
+    # Info looks like "BEGIN GTID 0-1-7" or "GTID 0-1-5".
+    return gtids[-n - 1], gtids[-n:]
+
+
+def _big_transaction_after(sandbox: Sandbox, db: str) -> str:
+    """A GTID state, then one transaction of ~200 kB of row events after it."""
+    sandbox.primary.execute(
+        f"CREATE DATABASE IF NOT EXISTS {db}",
+        f"CREATE TABLE IF NOT EXISTS {db}.t (id INT PRIMARY KEY, v VARCHAR(20))",
+    )
+    state = str(sandbox.primary.scalar("SELECT @@gtid_binlog_pos"))
+    sandbox.primary.execute(
+        f"INSERT INTO {db}.t SELECT seq, CONCAT('row-', seq) "
+        f"FROM {db}.seq_1_to_20000 WHERE seq NOT IN (SELECT id FROM {db}.t)"
+    )
+    return state
+
+
+def _read_after_server_finished(sandbox: Sandbox, stream: BinLogStreamReader) -> int:
+    """Read one event, wait until the server has sent everything and closed the
+    dump connection, then read the rest; the number of events read."""
+    count = 1
+    assert next_event(stream) is not None
+    tid = stream._stream_connection.server_thread_id[0]
+
+    def gone() -> bool:
+        return tid not in {int(r[0]) for r in sandbox.primary.execute("SHOW PROCESSLIST")}
+
+    try:
+        wait_until(gone, "dump thread finished", 60)
+        while next_event(stream) is not None:
+            count += 1
+    finally:
+        stream.close()
+    return count
+
+
+def test_gtid_resume_with_fixed_dump_length(db: Sandbox) -> None:
+    sandbox = db
+    _write_some(sandbox, "t_stream_gtid")
+    state, following = _gtid_of_last_transactions(sandbox, 3)
+    events = _drain(open_stream(sandbox.primary.dsn(), 5103, gtid=state, blocking=False))
+    got = [ev.gtid for ev in events if type(ev).__name__ == "MariadbGtidEvent"]
+    assert got == following
+    # A dump the server finishes (and closes) before we read it ends cleanly.
+    state = _big_transaction_after(sandbox, "t_stream_gtid_big")
+    stream = open_stream(sandbox.primary.dsn(), 5103, gtid=state, blocking=False)
+    assert _read_after_server_finished(sandbox, stream) > 10
+
+
+def test_unfixed_library_breaks_the_gtid_dump(db: Sandbox) -> None:
+    """Reproduces the bug: the library declares 14 bytes and sends 15; the server
+    closes the finished dump with one unread byte, i.e. with a TCP reset, and the
+    events we had not read yet are lost (error 2013)."""
+    sandbox = db
+    state = _big_transaction_after(sandbox, "t_stream_gtid_bug")
+    plain = BinLogStreamReader(
+        connection_settings=binlog_stream._connection_kwargs(sandbox.primary.dsn()),
+        server_id=5104,
+        is_mariadb=True,
+        auto_position=state,
+        blocking=False,
+        pymysql_wrapper=binlog_stream._guarded_connect,  # no silent reconnect loop
+        enable_logging=False,
+    )
+    with pytest.raises(BinlogConnectionLost, match="reset"):
+        _read_after_server_finished(sandbox, plain)
+
+
+def test_fix_dump_length_repacks_header() -> None:
+    payload = bytes([0x12]) + struct.pack("<iHI", 4, 1, 77) + b"\0\0\0\0"
+    wrong = struct.pack("<i", 14) + payload
+    fixed = binlog_stream._fix_dump_length(wrong)
+    assert fixed[4:] == payload
+    assert struct.unpack("<i", fixed[:4])[0] == len(payload) == 15
+
+
+def _dump_thread_ids(sandbox: Sandbox, user: str = "canal") -> list[int]:
+    rows = sandbox.primary.execute("SHOW PROCESSLIST")
+    return [int(r[0]) for r in rows if r[4] == "Binlog Dump" and r[1] == user]
+
+
+def _connected_thread(stream: BinLogStreamReader) -> int | None:
+    conn = getattr(stream, "_stream_connection", None)
+    ident = getattr(conn, "server_thread_id", None)
+    return int(ident[0]) if ident else None
+
+
+def test_killed_dump_raises_instead_of_silent_reconnect(db: Sandbox) -> None:
+    sandbox = db
+    _write_some(sandbox, "t_stream_kill")
+    journal, offset = sandbox.primary.master_status()
+    stream = open_stream(sandbox.primary.dsn(), 5105, journal=journal, offset=offset)
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            while next_event(stream) is not None:
+                pass
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    try:
+        wait_until(lambda: _connected_thread(stream) is not None, "dump connection", 30)
+        tid = _connected_thread(stream)
+        wait_until(lambda: tid in _dump_thread_ids(sandbox), "dump thread listed", 30)
+        sandbox.primary.execute(f"KILL {tid}")
+        t.join(30)
+        assert not t.is_alive()
+        assert len(errors) == 1 and isinstance(errors[0], BinlogConnectionLost)
+    finally:
+        interrupt(stream)
+        t.join(10)
+        stream.close()
+
+
+def test_interrupt_ends_a_blocked_read(db: Sandbox) -> None:
+    sandbox = db
+    journal, offset = sandbox.primary.master_status()
+    stream = open_stream(sandbox.primary.dsn(), 5106, journal=journal, offset=offset)
+    # Read the artificial events so the next read blocks on the socket.
+    assert type(next_event(stream)).__name__ == "RotateEvent"
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            while next_event(stream) is not None:
+                pass
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    interrupt(stream)
+    t.join(30)
+    stream.close()
+    assert not t.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], BinlogConnectionLost)
+
+
+def test_check_binlog_config_names_each_wrong_variable() -> None:
+    check_binlog_config(GOOD)
+    bad = dict(GOOD, binlog_format="MIXED", binlog_row_metadata="MINIMAL")
+    del bad["log_bin"]
+    with pytest.raises(BinlogConfigError) as info:
+        check_binlog_config(bad)
+    msg = str(info.value)
+    assert "binlog_format=MIXED" in msg
+    assert "binlog_row_metadata=MINIMAL" in msg
+    assert "log_bin=<missing>" in msg
+    assert "binlog_row_image" not in msg
+
+
+def test_real_server_config_checked(make_sandbox: Any) -> None:
+    box = make_sandbox()
+    check_server_config(box.primary.dsn())
+    box.primary.execute("SET GLOBAL binlog_row_metadata = MINIMAL")
+    with pytest.raises(BinlogConfigError, match="binlog_row_metadata=MINIMAL"):
+        check_server_config(box.primary.dsn())
+    with pytest.raises(BinlogConfigError):
+        open_stream(box.primary.dsn(), 5107, gtid="0-1-1", blocking=False)
+    box.stop()
+    with warnings.catch_warnings():  # sockets the sandbox start leaked (see reader_fixtures)
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()

@@ -1,0 +1,495 @@
+"""PositionFinder against real MariaDB: one named test per branch of findStartPosition.
+
+A module fixture writes three batches of rows A, B, C on the session primary, each in
+its own binlog file and in its own second(s), plus one multi-statement transaction.
+Expected positions are checked through the GTID state at the found position
+(``BINLOG_GTID_POS``): "after batch B" means the state's sequence number is B's last.
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+from pymysqlreplication.row_event import WriteRowsEvent
+
+from canal_cluster.errors import PositionNotFound, PurgedPosition
+from canal_cluster.retry import wait_until
+from canal_cluster.sandbox import Sandbox
+from canal_cluster.sandbox.mariadb import MariaDBServer
+from canal_server import binlog_stream
+from canal_server.binlog_search import BinlogEvent, StreamEventSource
+from canal_server.finder import (
+    ConfiguredPosition,
+    DatabaseLink,
+    FinderConfig,
+    FindReason,
+    FoundPosition,
+    PositionFinder,
+)
+from canal_server.logposition import MemoryLogPositionManager
+from canal_server.positions import EntryPosition, LogIdentity, LogPosition
+
+SandboxFactory = Callable[..., Sandbox]
+DEST = "finder"
+SLAVE_ID = 6201
+R = FindReason
+
+
+# -- helpers --------------------------------------------------------------------------
+
+
+def _address(server: MariaDBServer) -> str:
+    return f"127.0.0.1:{server.port}"
+
+
+def _seq(state: str) -> int:
+    """Sequence number of domain 0 in a GTID state ("0-1-42,1-2-7" → 42; "" → 0)."""
+    for part in filter(None, state.split(",")):
+        domain, _server, seq = part.strip().split("-")
+        if domain == "0":
+            return int(seq)
+    return 0
+
+
+def _clock(server: MariaDBServer) -> int:
+    return int(server.scalar("SELECT UNIX_TIMESTAMP()"))
+
+
+def _next_second(server: MariaDBServer, after: int) -> None:
+    wait_until(lambda: _clock(server) > after, "database clock in the next second", 10.0)
+
+
+def _insert(server: MariaDBServer, db: str, ids: range) -> tuple[int, ...]:
+    """One autocommit INSERT per id (ts column = the event's timestamp); GTID seqs."""
+    seqs = []
+    for i in ids:
+        gtid = server.execute(
+            f"INSERT INTO {db}.t VALUES ({i}, UNIX_TIMESTAMP())", "SELECT @@last_gtid"
+        )[0][0]
+        seqs.append(_seq(str(gtid)))
+    return tuple(seqs)
+
+
+def _txn_span(server: MariaDBServer, journal: str, seq: int) -> tuple[int, int, list[int]]:
+    """(start of its GTID event, end of its last event, starts of its events)."""
+    rows = server.execute(f"SHOW BINLOG EVENTS IN '{journal}'")
+    for i, row in enumerate(rows):
+        if str(row[5]).endswith(f"GTID 0-{server.server_id}-{seq}"):
+            starts = [int(row[1])]
+            for ev in rows[i + 1 :]:
+                starts.append(int(ev[1]))
+                if ev[2] in ("Xid", "Query"):
+                    return int(row[1]), int(ev[4]), starts
+    raise AssertionError(f"transaction {seq} not in {journal}")
+
+
+def _finder(history: LogPosition | None = None, **config: object) -> PositionFinder:
+    positions = MemoryLogPositionManager()
+    if history is not None:
+        positions.persist(DEST, history)
+    return PositionFinder(FinderConfig(DEST, **config), positions)  # type: ignore[arg-type]
+
+
+class CountingSource:
+    """The real event source, recording how many events each read consumed."""
+
+    def __init__(self, inner: StreamEventSource) -> None:
+        self.inner = inner
+        self.reads: list[tuple[str, int]] = []
+
+    def read(self, journal: str, offset: int) -> Generator[BinlogEvent, None, None]:
+        n = 0
+        try:
+            for ev in self.inner.read(journal, offset):
+                n += 1
+                yield ev
+        finally:
+            self.reads.append((journal, n))
+
+
+def _link(server: MariaDBServer) -> DatabaseLink:
+    return DatabaseLink.connect(server.dsn(), SLAVE_ID)
+
+
+@contextmanager
+def _quiet_sockets() -> Iterator[None]:
+    """Starting a sandbox leaks unix sockets of its readiness probes (its own bug);
+    their ResourceWarning, an error under ``filterwarnings = error``, would fail
+    whichever test the garbage collector happens to run in. Start it in here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        yield
+        gc.collect()
+
+
+@pytest.fixture(scope="module")
+def box(request: pytest.FixtureRequest) -> Sandbox:
+    """The session sandbox (started quietly if this module is the first to use it)."""
+    with _quiet_sockets():
+        sandbox: Sandbox = request.getfixturevalue("sandbox")
+    return sandbox
+
+
+def _private(make_sandbox: SandboxFactory, standby: bool = False) -> Sandbox:
+    with _quiet_sockets():
+        return make_sandbox(standby=standby)
+
+
+# -- the timeline on the session primary ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Batch:
+    journal: str
+    seqs: tuple[int, ...]
+    after_s: int  # the database clock just after the batch: ≥ every event time in it
+
+
+@dataclass(frozen=True)
+class Timeline:
+    a: Batch
+    b: Batch
+    c: Batch
+    txn_seq: int  # a BEGIN; INSERT; INSERT; COMMIT transaction in c's file
+
+
+@pytest.fixture(scope="module")
+def timeline(box: Sandbox) -> Timeline:
+    p = box.primary
+    p.execute(
+        "CREATE DATABASE IF NOT EXISTS t_finder",
+        "CREATE TABLE IF NOT EXISTS t_finder.t (id INT PRIMARY KEY, ts BIGINT)",
+        "DELETE FROM t_finder.t",
+    )
+    for _ in range(4):  # enough files that a bisection reads fewer than all
+        p.execute("FLUSH BINARY LOGS")
+    batches = []
+    after = _clock(p)
+    for first in (1, 3, 5):
+        _next_second(p, after)
+        p.execute("FLUSH BINARY LOGS")  # the file is created after the previous batch's time
+        seqs = _insert(p, "t_finder", range(first, first + 2))
+        after = _clock(p)
+        batches.append(Batch(p.master_status()[0], seqs, after))
+    txn = p.execute(
+        "BEGIN",
+        "INSERT INTO t_finder.t VALUES (7, 0)",
+        "INSERT INTO t_finder.t VALUES (8, 0)",
+        "COMMIT",
+        "SELECT @@last_gtid",
+    )
+    c = batches[2]
+    batches[2] = Batch(c.journal, c.seqs, _clock(p))
+    for _ in range(6):  # files after the batches: a linear search from the newest is slow
+        p.execute("FLUSH BINARY LOGS")
+    return Timeline(batches[0], batches[1], batches[2], _seq(str(txn[0][0])))
+
+
+@pytest.fixture
+def primary(box: Sandbox, timeline: Timeline) -> MariaDBServer:
+    return box.primary
+
+
+def _primary_config(primary: MariaDBServer, **kw: object) -> ConfiguredPosition:
+    return ConfiguredPosition(address=_address(primary), **kw)  # type: ignore[arg-type]
+
+
+def _assert_after(found: FoundPosition, journal: str, seq: int) -> None:
+    assert found.position.journal == journal
+    assert _seq(found.position.gtid) == seq
+
+
+# -- branch 2: no history -------------------------------------------------------------------
+
+
+def test_config_journal_and_offset_is_used(primary: MariaDBServer, timeline: Timeline) -> None:
+    b = timeline.b
+    _, end, _ = _txn_span(primary, b.journal, b.seqs[0])
+    cfg = _primary_config(primary, journal=b.journal, offset=end)
+    found = _finder(master=cfg).find(_link(primary))
+    assert found.reasons == (R.CONFIG_POSITION,)
+    assert (found.position.journal, found.position.offset) == (b.journal, end)
+    assert _seq(found.position.gtid) == b.seqs[0]
+    assert found.identity == LogIdentity(_address(primary), 0)
+
+
+def test_config_offset_inside_transaction_moves_to_its_begin(
+    primary: MariaDBServer, timeline: Timeline
+) -> None:
+    journal = timeline.c.journal
+    begin, _, starts = _txn_span(primary, journal, timeline.txn_seq)
+    inside = starts[-3]  # an event after the first INSERT's rows, before the XID
+    assert begin < inside
+    cfg = _primary_config(primary, journal=journal, offset=inside)
+    found = _finder(master=cfg).find(_link(primary))
+    assert found.reasons == (R.CONFIG_POSITION, R.MOVED_TO_TRANSACTION_BEGIN)
+    assert (found.position.journal, found.position.offset) == (journal, begin)
+    assert _seq(found.position.gtid) == timeline.txn_seq - 1
+
+
+def test_history_inside_transaction_moves_when_reader_asks(
+    primary: MariaDBServer, timeline: Timeline
+) -> None:
+    journal = timeline.c.journal
+    begin, _, starts = _txn_span(primary, journal, timeline.txn_seq)
+    history = LogPosition(
+        LogIdentity(_address(primary)), EntryPosition(journal, starts[-3], 1, "", 1)
+    )
+    finder = _finder(history)
+    assert finder.find(_link(primary)).position.offset == starts[-3]
+    found = finder.find(_link(primary), need_transaction_begin=True)
+    assert found.reasons == (R.HISTORY, R.MOVED_TO_TRANSACTION_BEGIN)
+    assert found.position.offset == begin
+
+
+def test_config_journal_and_time_searches_that_file(
+    primary: MariaDBServer, timeline: Timeline
+) -> None:
+    a, b = timeline.a, timeline.b
+    cfg = _primary_config(primary, journal=b.journal, timestamp_ms=b.after_s * 1000)
+    found = _finder(master=cfg).find(_link(primary))
+    assert found.reasons == (R.CONFIG_FILE_TIME,)
+    _assert_after(found, b.journal, b.seqs[-1])
+    assert found.position.timestamp_ms <= b.after_s * 1000
+    # A time before the file began: its start.
+    cfg = _primary_config(primary, journal=b.journal, timestamp_ms=a.after_s * 1000)
+    found = _finder(master=cfg).find(_link(primary))
+    assert found.reasons == (R.CONFIG_FILE_START,)
+    assert (found.position.journal, found.position.offset) == (b.journal, 4)
+    assert _seq(found.position.gtid) == a.seqs[-1]
+
+
+def test_config_time_only_bisects_files_and_scans_one(
+    primary: MariaDBServer, timeline: Timeline
+) -> None:
+    files = primary.binlog_files()
+    assert len(files) >= 14
+    for batch in (timeline.a, timeline.b):
+        link = _link(primary)
+        counting = CountingSource(link.source)  # type: ignore[arg-type]
+        link = DatabaseLink(link.address, link.inspector, counting)
+        cfg = _primary_config(primary, timestamp_ms=batch.after_s * 1000)
+        found = _finder(master=cfg).find(link)
+        assert found.reasons == (R.TIME_SEARCH,)
+        _assert_after(found, batch.journal, batch.seqs[-1])
+        scanned = [journal for journal, n in counting.reads if n > 1]
+        assert scanned == [batch.journal]
+        # Bisected: about log2(files) first-event reads and one scan, not a read per file.
+        assert len(counting.reads) <= len(files).bit_length() + 1
+
+
+def test_nothing_configured_starts_at_the_end(primary: MariaDBServer, timeline: Timeline) -> None:
+    end = primary.master_status()
+    state = str(primary.scalar("SELECT @@gtid_binlog_pos"))
+    found = _finder().find(_link(primary))
+    assert found.reasons == (R.END,)
+    assert (found.position.journal, found.position.offset) == end
+    assert found.position.gtid == state
+    # A position configured for another address is not ours: the end too.
+    cfg = ConfiguredPosition(address="127.0.0.1:1", journal=timeline.a.journal, offset=4)
+    assert _finder(master=cfg).find(_link(primary)).reasons == (R.END,)
+
+
+def test_standby_position_when_connected_to_the_standby(box: Sandbox, timeline: Timeline) -> None:
+    replica = box.replica
+    box.replica.wait_caught_up(box.primary)
+    journal, offset = replica.master_status()
+    master = _primary_config(box.primary, journal=timeline.a.journal, offset=4)
+    standby = ConfiguredPosition(address=_address(replica), journal=journal, offset=offset)
+    found = _finder(master=master, standby=standby).find(_link(replica))
+    assert found.reasons == (R.CONFIG_POSITION,)
+    assert (found.position.journal, found.position.offset) == (journal, offset)
+    assert found.position.server_id == replica.server_id
+
+
+# -- branches 3 and 4: history -----------------------------------------------------------------
+
+
+def _history_after_b(primary: MariaDBServer, timeline: Timeline, server_id: int) -> LogPosition:
+    """The reader's last position: after batch B's last transaction, at C's time."""
+    b = timeline.b
+    _, end, _ = _txn_span(primary, b.journal, b.seqs[-1])
+    ts = (b.after_s + 1) * 1000  # one second after B: a 1 s fallback lands after B
+    return LogPosition(
+        LogIdentity(_address(primary)), EntryPosition(b.journal, end, server_id, "", ts)
+    )
+
+
+def test_history_from_the_same_source_is_reused(primary: MariaDBServer, timeline: Timeline) -> None:
+    history = _history_after_b(primary, timeline, primary.server_id)
+    finder = _finder(history, master=_primary_config(primary, journal=timeline.a.journal, offset=4))
+    found = finder.find(_link(primary), dump_errors=5)  # same server id: no fallback
+    assert found.reasons == (R.HISTORY,)
+    assert found.position == EntryPosition(
+        history.position.journal,
+        history.position.offset,
+        history.position.server_id,
+        found.position.gtid,
+        history.position.timestamp_ms,
+    )
+    assert _seq(found.position.gtid) == timeline.b.seqs[-1]
+
+
+def test_dump_errors_and_changed_server_id_fall_back_by_time(
+    primary: MariaDBServer, timeline: Timeline
+) -> None:
+    """A VIP switch: same address, another server behind it. History is after batch A
+    (in B's file); ``timestamp - 1 s`` lies after batch B: the search must find it."""
+    a, b = timeline.a, timeline.b
+    history = LogPosition(
+        LogIdentity(_address(primary)),
+        EntryPosition(b.journal, 4, 99, "", (b.after_s + 1) * 1000),
+    )
+    finder = _finder(history, fallback_interval_s=1, dump_error_threshold=2)
+    assert finder.find(_link(primary), dump_errors=2).reason is R.HISTORY  # not > threshold
+    found = finder.find(_link(primary), dump_errors=3)
+    assert found.reasons == (R.FALLBACK_SERVER_ID_CHANGED,)
+    _assert_after(found, b.journal, b.seqs[-1])
+    assert found.position.server_id == primary.server_id
+    # The reader's own record of the server id wins over the history's.
+    same = finder.find(_link(primary), dump_errors=3, previous_server_id=primary.server_id)
+    assert same.reason is R.HISTORY
+    # With a standby configured, a changed server id is not taken for a VIP switch.
+    standby = ConfiguredPosition(address="127.0.0.1:2")
+    with_standby = _finder(history, fallback_interval_s=1, standby=standby)
+    assert with_standby.find(_link(primary), dump_errors=3).reason is R.HISTORY
+    assert a.seqs[-1] < b.seqs[0]
+
+
+def test_history_from_another_source_falls_back_by_time(box: Sandbox, timeline: Timeline) -> None:
+    """History read from the standby; we are connected to the primary now."""
+    b = timeline.b
+    history = LogPosition(
+        LogIdentity(_address(box.replica)),
+        EntryPosition("elsewhere-bin.000042", 123456, 2, "", (b.after_s + 2) * 1000),
+    )
+    found = _finder(history, fallback_interval_s=2).find(_link(box.primary))
+    assert found.reasons == (R.FALLBACK_SOURCE_SWITCH,)
+    _assert_after(found, b.journal, b.seqs[-1])
+    # The default fallback is 60 s: before every batch of the timeline.
+    found = _finder(history).find(_link(box.primary))
+    assert found.reason is R.FALLBACK_SOURCE_SWITCH
+    assert _seq(found.position.gtid) < timeline.a.seqs[0]
+
+
+def test_history_without_timestamp_cannot_fall_back(primary: MariaDBServer) -> None:
+    history = LogPosition(LogIdentity("127.0.0.1:1"), EntryPosition("x-bin.000001", 4, 1))
+    with pytest.raises(PositionNotFound, match="no timestamp"):
+        _finder(history).find(_link(primary))
+
+
+# -- branch 1: GTID mode --------------------------------------------------------------------------
+
+
+def test_gtid_mode(primary: MariaDBServer, timeline: Timeline) -> None:
+    addr = _address(primary)
+    with_gtid = EntryPosition("elsewhere-bin.000001", 4, 1, "0-1-3", 1000)
+    found = _finder(LogPosition(LogIdentity(addr), with_gtid), gtid_mode=True).find(_link(primary))
+    assert found.reasons == (R.GTID_HISTORY,)
+    assert found.position == with_gtid
+    # No history: the configured master GTID.
+    cfg = _primary_config(primary, gtid="0-1-2", journal=timeline.a.journal, offset=4)
+    found = _finder(master=cfg, gtid_mode=True).find(_link(primary))
+    assert found.reasons == (R.GTID_CONFIG,)
+    assert found.position.gtid == "0-1-2" and not found.position.journal
+    # History from before GTID mode (no GTID): its file position, not the config GTID.
+    history = _history_after_b(primary, timeline, primary.server_id)
+    found = _finder(history, master=cfg, gtid_mode=True).find(_link(primary))
+    assert found.reasons == (R.HISTORY,)
+    # GTID mode off: the configured GTID is ignored.
+    assert _finder(master=cfg).find(_link(primary)).reason is R.CONFIG_POSITION
+    # Nothing with a GTID anywhere: on to the other branches.
+    assert _finder(gtid_mode=True).find(_link(primary)).reason is R.END
+
+
+# -- destructive: purged binlogs, a promoted standby ---------------------------------------------
+
+
+def test_purged_binlog_is_a_clear_error(make_sandbox: SandboxFactory) -> None:
+    p = _private(make_sandbox).primary
+    p.execute("CREATE DATABASE t_finder_purge", "CREATE TABLE t_finder_purge.t (id INT, ts INT)")
+    _insert(p, "t_finder_purge", range(1, 3))
+    old = EntryPosition(*p.master_status(), p.server_id, "", _clock(p) * 1000)
+    p.execute("FLUSH BINARY LOGS")
+    current = p.master_status()[0]
+
+    def purged() -> bool:  # a file InnoDB has not checkpointed yet is kept: retry
+        p.execute(f"PURGE BINARY LOGS TO '{current}'")
+        return old.journal not in p.binlog_files()
+
+    wait_until(purged, f"{old.journal} purged", 30.0)
+    link = _link(p)
+    cfg = _primary_config(p, journal=old.journal, offset=old.offset)
+    with pytest.raises(PurgedPosition, match=rf"{old.journal}:{old.offset}.*master\.timestamp"):
+        _finder(master=cfg).find(link)
+    history = LogPosition(LogIdentity(_address(p)), old)
+    with pytest.raises(PurgedPosition, match=rf"{old.journal}.*reset the client cursor"):
+        _finder(history).find(link)
+    # A time older than every remaining binlog: the binlog for it was purged.
+    with pytest.raises(PurgedPosition, match=r"oldest.*purged"):
+        _finder(master=_primary_config(p, timestamp_ms=1000)).find(link)
+    # Reading a purged file is errno 1236, reported as PurgedPosition.
+    with pytest.raises(PurgedPosition, match=rf"{old.journal} from offset 4.*master\.timestamp"):
+        list(StreamEventSource(p.dsn(), SLAVE_ID).read(old.journal, 4))
+
+
+def _ids_after(server: MariaDBServer, position: EntryPosition) -> set[int]:
+    """Row ids inserted in the binlog of ``server`` from ``position`` on."""
+    stream = binlog_stream.open_stream(
+        server.dsn(),
+        SLAVE_ID,
+        journal=position.journal,
+        offset=position.offset,
+        blocking=False,
+        only_events=[WriteRowsEvent],
+    )
+    ids: set[int] = set()
+    try:
+        while (ev := binlog_stream.next_event(stream)) is not None:
+            ids.update(int(row["values"]["id"]) for row in ev.rows)
+    finally:
+        stream.close()
+    return ids
+
+
+def test_switch_to_promoted_standby_misses_no_row_after_fallback(
+    make_sandbox: SandboxFactory,
+) -> None:
+    private = _private(make_sandbox, standby=True)
+    p, s = private.primary, private.replica
+    p.execute(
+        "CREATE DATABASE t_finder_sw", "CREATE TABLE t_finder_sw.t (id INT PRIMARY KEY, ts BIGINT)"
+    )
+    after = _clock(p)
+    history: LogPosition | None = None
+    for first in (1, 11, 21):  # three batches in three different seconds
+        _next_second(p, after)
+        _insert(p, "t_finder_sw", range(first, first + 3))
+        after = _clock(p)
+        if first == 11:  # the reader read up to here on the primary, then lost it
+            ts = int(p.scalar("SELECT MAX(ts) FROM t_finder_sw.t"))
+            pos = EntryPosition(*p.master_status(), p.server_id, "", ts * 1000)
+            history = LogPosition(LogIdentity(_address(p), SLAVE_ID), pos)
+    assert history is not None
+    s.wait_caught_up(p)
+    p.kill()
+    s.promote()
+    s.execute("INSERT INTO t_finder_sw.t VALUES (100, UNIX_TIMESTAMP())")
+    master = _primary_config(p, journal=history.position.journal, offset=4)
+    standby = ConfiguredPosition(address=_address(s))
+    finder = _finder(history, master=master, standby=standby, fallback_interval_s=1)
+    found = finder.find(_link(s))
+    assert found.reasons == (R.FALLBACK_SOURCE_SWITCH,)
+    assert found.identity.source_address == _address(s)
+    target_s = history.position.timestamp_ms // 1000 - 1
+    rows = {int(i): int(ts) for i, ts in s.execute("SELECT id, ts FROM t_finder_sw.t")}
+    must = {i for i, ts in rows.items() if ts > target_s}
+    got = _ids_after(s, found.position)
+    assert {21, 22, 23, 100} <= must and {11, 12, 13} & must  # batch 2's last second
+    assert must <= got, f"rows missed after {found.position}: {sorted(must - got)}"
+    assert not {1, 2, 3} & got  # the fallback bounded the replay (batch 1 is older)

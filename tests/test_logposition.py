@@ -1,0 +1,87 @@
+"""Log position managers: memory, min cursor from meta, failback."""
+
+from __future__ import annotations
+
+import pytest
+from serving_fixtures import IDENTITY, EntryFactory, position_of
+
+from canal_server.logposition import (
+    FailbackLogPositionManager,
+    LogPositionManager,
+    MemoryLogPositionManager,
+    MetaLogPositionManager,
+)
+from canal_server.meta import MemoryMetaManager, MetaManager
+from canal_server.positions import EntryPosition, LogIdentity, LogPosition
+
+
+def test_memory_manager_keeps_latest_per_destination() -> None:
+    m = MemoryLogPositionManager()
+    a, b = (position_of(e) for e in EntryFactory().rows(2))
+    assert m.get_latest("d") is None
+    m.persist("d", a)
+    m.persist("d", b)
+    m.persist("e", a)
+    assert m.get_latest("d") == b and m.get_latest("e") == a
+    m.forget("d")
+    assert m.get_latest("d") is None
+
+
+def test_meta_manager_gives_min_cursor_over_subscribed_clients() -> None:
+    metas: dict[str, MetaManager] = {"d": MemoryMetaManager("d")}
+    meta = metas["d"]
+    mgr = MetaLogPositionManager(metas.get)
+    assert mgr.get_latest("d") is None and mgr.get_latest("unknown") is None
+    p1, p2, p3 = (position_of(e) for e in EntryFactory().rows(3))
+    for c in ("a", "b", "c", "never-acked"):
+        meta.subscribe(c, "")
+    meta.update_cursor("a", p3)
+    meta.update_cursor("b", p1)
+    meta.update_cursor("c", p2)
+    assert mgr.get_latest("d") == p1
+    meta.unsubscribe("b")
+    assert mgr.get_latest("d") == p2
+    mgr.persist("d", p1)
+    assert mgr.get_latest("d") == p2, "persist does not touch cursors"
+
+
+def test_meta_manager_across_sources_takes_older_timestamp() -> None:
+    meta = MemoryMetaManager("d")
+    old = LogPosition(IDENTITY, EntryPosition("bin.000009", 900, 1, "", 1000, True))
+    other = LogPosition(
+        LogIdentity("127.0.0.1:3307", 1001), EntryPosition("bin.000001", 4, 2, "", 2000)
+    )
+    meta.subscribe("a", "")
+    meta.subscribe("b", "")
+    meta.update_cursor("a", other)
+    meta.update_cursor("b", old)
+    assert MetaLogPositionManager(lambda d: meta).get_latest("d") == old
+
+
+class _Broken(LogPositionManager):
+    def get_latest(self, destination: str) -> LogPosition | None:
+        raise AssertionError("not asked")
+
+    def persist(self, destination: str, position: LogPosition) -> None:
+        raise OSError("disk gone")
+
+
+def test_failback_reads_primary_then_secondary_and_persists_to_primary() -> None:
+    p1, p2 = (position_of(e) for e in EntryFactory().rows(2))
+    primary, secondary = MemoryLogPositionManager(), MemoryLogPositionManager()
+    fb = FailbackLogPositionManager(primary, secondary)
+    assert fb.get_latest("d") is None
+    secondary.persist("d", p1)
+    assert fb.get_latest("d") == p1
+    fb.persist("d", p2)
+    assert primary.get_latest("d") == p2 and secondary.get_latest("d") == p1
+    assert fb.get_latest("d") == p2
+
+
+def test_failback_persists_to_secondary_when_primary_fails() -> None:
+    p1 = position_of(EntryFactory().rows(1)[0])
+    secondary = MemoryLogPositionManager()
+    FailbackLogPositionManager(_Broken(), secondary).persist("d", p1)
+    assert secondary.get_latest("d") == p1
+    with pytest.raises(OSError):
+        FailbackLogPositionManager(_Broken(), _Broken()).persist("d", p1)
