@@ -6,20 +6,19 @@ Exit codes (API.md): 0 success, 2 bad usage or config (one-line reason), 1 runti
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from canal_cluster.errors import CanalError, ConfigError, SandboxStateError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "positive_int"]
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
-DEFAULT_WORKDIR = Path(".canal-ha")
 
 
-def _positive(name: str) -> Callable[[str], int]:
+def positive_int(name: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -32,47 +31,26 @@ def _positive(name: str) -> Callable[[str], int]:
     return parse
 
 
-def _add_up(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("up", help="start the embedded sandbox (MariaDB, etcd, server nodes)")
-    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="state and logs")
-    p.add_argument("--nodes", type=_positive("--nodes"), default=3, help="server nodes")
-    p.add_argument("--etcd-members", type=int, choices=(1, 3), default=1)
-    p.add_argument("--standby", action="store_true", help="also start a GTID replica")
-    p.add_argument("--detach", action="store_true", help="return once everything is up")
-
-
-def _add_down(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("down", help="stop what `up` started in a workdir, by pid")
-    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
-
-
-def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("demo", help="sandbox + a writer + a live binlog line; Ctrl-C stops")
-    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
-    p.add_argument("--rate", type=_positive("--rate"), default=2000, help="rows/s to write")
-    p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds (0 = never)")
-    p.add_argument("--standby", action="store_true")
+# Each module registers its subcommands: ``register(sub)`` adds parsers whose
+# ``func`` default is the handler ``(args) -> exit code``. Modules are imported lazily
+# so `canal-ha consume` never imports the server's dependencies.
+COMMAND_MODULES = ("canal_cluster.sandbox_cli",)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="canal-ha", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="canal-ha", description="canal-ha: a change-data-capture cluster for MySQL/MariaDB"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_up(sub)
-    _add_down(sub)
-    _add_demo(sub)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
     return parser
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from canal_cluster import sandbox_cli
-
-    commands: dict[str, Callable[[argparse.Namespace], int]] = {
-        "up": sandbox_cli.up,
-        "down": sandbox_cli.down,
-        "demo": sandbox_cli.demo,
-    }
-    return commands[args.command](args)
+    handler: Callable[[argparse.Namespace], int] = args.func
+    return handler(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,10 +11,35 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
+from canal_cluster.cli import positive_int
 from canal_cluster.errors import ConfigError, SandboxStateError
 from canal_cluster.sandbox import STATE_FILE, Sandbox
 
-__all__ = ["demo", "down", "up"]
+__all__ = ["DEFAULT_WORKDIR", "demo", "down", "register", "up"]
+
+DEFAULT_WORKDIR = Path(".canal-ha")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`up`, `down` and `demo`."""
+    p = sub.add_parser("up", help="start the embedded sandbox (MariaDB, etcd, server nodes)")
+    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="state and logs")
+    p.add_argument("--nodes", type=positive_int("--nodes"), default=3, help="server nodes")
+    p.add_argument("--etcd-members", type=int, choices=(1, 3), default=1)
+    p.add_argument("--standby", action="store_true", help="also start a GTID replica")
+    p.add_argument("--detach", action="store_true", help="return once everything is up")
+    p.set_defaults(func=up)
+
+    p = sub.add_parser("down", help="stop what `up` started in a workdir, by pid")
+    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
+    p.set_defaults(func=down)
+
+    p = sub.add_parser("demo", help="sandbox + a writer + a live binlog line; Ctrl-C stops")
+    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
+    p.add_argument("--rate", type=positive_int("--rate"), default=2000, help="rows/s to write")
+    p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds (0 = never)")
+    p.add_argument("--standby", action="store_true")
+    p.set_defaults(func=demo)
 
 
 @contextlib.contextmanager
