@@ -61,8 +61,9 @@ def test_call_respects_deadline() -> None:
 
 def test_unexpected_errors_are_not_retried() -> None:
     p = RetryPolicy(attempts=5)
+    empty: dict[str, int] = {}
     with pytest.raises(KeyError):
-        p.call(lambda: {}["x"], "lookup", retry_on=(ConnectionError,))
+        p.call(lambda: empty["x"], "lookup", retry_on=(ConnectionError,))
 
 
 @pytest.mark.parametrize(

@@ -20,10 +20,16 @@
     │   ├── NotSubscribed           the client has not subscribed (409)
     │   ├── UnknownBatch            batch id unknown, acked or rolled back (404/409)
     │   ├── BatchUnavailable        an outstanding batch's entries are not (yet) stored (503)
-    │   └── InvalidArgument         a bad argument; names the field (400)
-    └── CoordinationError           etcd and elections
-        ├── CoordinatorUnavailable  etcd cannot be reached right now
-        └── Fenced                  our epoch is stale or our lease lapsed: step down
+    │   ├── InvalidArgument         a bad argument; names the field (400)
+    │   └── Unauthorized            no or bad bearer token (401)
+    ├── CoordinationError           etcd and elections
+    │   ├── CoordinatorUnavailable  etcd cannot be reached right now
+    │   └── Fenced                  our epoch is stale or our lease lapsed: step down
+    └── ClientError                 (canal_client) a call to the servers could not complete
+        ├── ServerUnreachable       connection refused/reset, timeout (transport)
+        ├── LeaderUnavailable       503 / no leader known yet (``retry_after_s``)
+        ├── StaleLeader             a reply carried a lower epoch than one already seen
+        └── UnexpectedResponse      a reply the client cannot use (status, body, redirects)
 
 Later packages add their own subclasses of ``CanalError`` here, so that one
 ``except CanalError`` catches every deliberate failure of the project.
@@ -37,11 +43,13 @@ __all__ = [
     "BinlogConnectionLost",
     "BinlogError",
     "CanalError",
+    "ClientError",
     "ConfigError",
     "CoordinationError",
     "CoordinatorUnavailable",
     "Fenced",
     "InvalidArgument",
+    "LeaderUnavailable",
     "NotSubscribed",
     "PositionNotFound",
     "PurgedPosition",
@@ -50,8 +58,12 @@ __all__ = [
     "SandboxStartError",
     "SandboxStateError",
     "ServerError",
+    "ServerUnreachable",
+    "StaleLeader",
     "StoreClosed",
     "StoreError",
+    "Unauthorized",
+    "UnexpectedResponse",
     "UnknownBatch",
     "UnknownDestination",
 ]
@@ -166,3 +178,31 @@ class Fenced(CoordinationError):
 
 class BatchUnavailable(ServerError):
     """An outstanding batch's entries are not in the store (yet): retry later or roll back."""
+
+
+class Unauthorized(ServerError):
+    """No or a bad bearer token (401)."""
+
+
+class ClientError(CanalError):
+    """canal_client: a call to the servers could not complete."""
+
+
+class ServerUnreachable(ClientError):
+    """The server could not be reached or broke the connection (transport failure)."""
+
+
+class LeaderUnavailable(ClientError):
+    """No leader is known right now (503); ``retry_after_s`` is the server's hint."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class StaleLeader(ClientError):
+    """A reply carried a lower epoch than one already seen: it came from a stale leader."""
+
+
+class UnexpectedResponse(ClientError):
+    """A reply the client cannot use (unknown status, bad body, redirect loop)."""
