@@ -1,0 +1,375 @@
+"""The node's TOML config, validated with pydantic; a bad value names its key.
+
+Layout (keys follow Canal's instance.properties where one exists)::
+
+    [node]
+    id = "node1"                          # [A-Za-z0-9_.-]{1,64}, unique in the cluster
+    listen = "127.0.0.1:11111"            # host:port uvicorn binds
+    advertise_url = "http://127.0.0.1:11111"  # what other nodes redirect to (default: from listen)
+
+    [etcd]
+    endpoints = ["http://127.0.0.1:2379"]
+    prefix = "/canal"
+    timeout_s = 2.0                       # one etcd call
+
+    [election]
+    ttl_s = 10.0                          # leader lease
+    switch_delay_s = 5.0                  # non-owners wait this long before campaigning
+    safety_margin_s = 2.0                 # fence this long before the lease could expire
+    loop_interval_s = 1.0
+
+    [meta]
+    flush_period_ms = 1000
+
+    [auth]
+    tokens = []                           # bearer tokens; empty = no auth
+
+    [tls]
+    cert_file = ""                        # both set = HTTPS
+    key_file = ""
+
+    [destinations.example]
+    master.address = "127.0.0.1:3306"
+    master.journal_name = ""              # optional start position (Canal's master.*)
+    master.position = 0
+    master.timestamp = 0                  # ms since the epoch
+    master.gtid = ""
+    standby.address = "127.0.0.1:3307"    # optional [standby] with the same keys
+    db.username = "canal"                 # Canal's dbUsername / dbPassword
+    db.password = "canal"
+    slave_id = 0                          # 0 = derived from the destination name
+    gtid_mode = false
+    filter.regex = ".*\\\\..*"
+    filter.black_regex = ""
+    filter.heartbeat_table = ""
+    fallback_interval_s = 60
+    dump_error_threshold = 2
+    memory.buffer_size = 16384
+    memory.buffer_bytes = 67108864
+    transaction_size = 1024
+    heartbeat_s = 5.0
+    detecting.enable = false
+    detecting.sql = "SELECT 1"
+    detecting.interval_s = 3.0
+    detecting.retry_threshold = 3
+    detecting.timeout_s = 2.0
+
+``load_config(path)`` raises ``ConfigError(key, reason)``; ``render_toml(data)`` writes
+such a file from a dict (test harnesses, ``canal-ha up``).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from canal_cluster.errors import ConfigError, InvalidArgument
+from canal_cluster.keys import Keys
+from canal_cluster.running import ElectionConfig
+from canal_server.filter import EventFilter
+
+__all__ = [
+    "DestinationConfig",
+    "NodeConfig",
+    "config_from_dict",
+    "dsn_of",
+    "load_config",
+    "render_toml",
+]
+
+_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_HOST_PORT = re.compile(r"(?P<host>[A-Za-z0-9_.:\[\]-]+):(?P<port>\d{1,5})")
+
+
+def _host_port(value: str) -> str:
+    m = _HOST_PORT.fullmatch(value)
+    if m is None or not 0 < int(m.group("port")) < 65536:
+        raise ValueError(f"must be host:port, got {value!r}")
+    return value
+
+
+def _check_id(value: str) -> str:
+    if _ID.fullmatch(value) is None:
+        raise ValueError(f"must match [A-Za-z0-9_.-]{{1,64}}, got {value!r}")
+    return value
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NodeSection(_Section):
+    id: str
+    listen: str = "127.0.0.1:11111"
+    advertise_url: str = ""
+
+    _id = field_validator("id")(_check_id)
+    _listen = field_validator("listen")(_host_port)
+
+    @field_validator("advertise_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if v and re.fullmatch(r"https?://[^\s/]+", v.rstrip("/")) is None:
+            raise ValueError(f"must be http(s)://host:port, got {v!r}")
+        return v.rstrip("/")
+
+
+class EtcdSection(_Section):
+    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:2379"], min_length=1)
+    prefix: str = "/canal"
+    timeout_s: float = Field(2.0, gt=0, le=60)
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints(cls, v: list[str]) -> list[str]:
+        for e in v:
+            _host_port(re.sub(r"^https?://", "", e).rstrip("/"))
+        return v
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        try:
+            Keys(v)
+        except ConfigError as exc:
+            raise ValueError(exc.reason) from None
+        return v
+
+
+class ElectionSection(_Section):
+    ttl_s: float = Field(10.0, gt=0)
+    switch_delay_s: float = Field(5.0, ge=0)
+    safety_margin_s: float = Field(2.0, gt=0)
+    loop_interval_s: float = Field(1.0, gt=0)
+
+    def election_config(self) -> ElectionConfig:
+        return ElectionConfig(
+            self.ttl_s, self.safety_margin_s, self.loop_interval_s, self.switch_delay_s
+        )
+
+
+class MetaSection(_Section):
+    flush_period_ms: int = Field(1000, gt=0, le=3_600_000)
+
+
+class AuthSection(_Section):
+    tokens: list[str] = Field(default_factory=list)
+
+    @field_validator("tokens")
+    @classmethod
+    def _tokens(cls, v: list[str]) -> list[str]:
+        if any(not t or not t.isprintable() or " " in t for t in v):
+            raise ValueError("tokens must be non-empty printable strings without spaces")
+        return v
+
+
+class TlsSection(_Section):
+    cert_file: str = ""
+    key_file: str = ""
+
+    @model_validator(mode="after")
+    def _both(self) -> TlsSection:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file must be set together")
+        for name in ("cert_file", "key_file"):
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ValueError(f"{name}: no such file {path!r}")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file)
+
+
+class SourceSection(_Section):
+    """``master.*`` / ``standby.*``."""
+
+    address: str
+    journal_name: str = ""
+    position: int = Field(0, ge=0)
+    timestamp: int = Field(0, ge=0, description="ms since the epoch")
+    gtid: str = ""
+
+    _address = field_validator("address")(_host_port)
+
+
+class DbSection(_Section):
+    username: str = "canal"
+    password: str = ""
+
+
+class FilterSection(_Section):
+    regex: str = ""
+    black_regex: str = ""
+    heartbeat_table: str = ""
+
+    @model_validator(mode="after")
+    def _compiles(self) -> FilterSection:
+        try:
+            EventFilter(self.regex, self.black_regex, self.heartbeat_table)
+        except InvalidArgument as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+
+class MemorySection(_Section):
+    buffer_size: int = Field(16384, ge=1, le=10_000_000)
+    buffer_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+
+
+class DetectingSection(_Section):
+    enable: bool = False
+    sql: str = "SELECT 1"
+    interval_s: float = Field(3.0, gt=0)
+    retry_threshold: int = Field(3, ge=1)
+    timeout_s: float = Field(2.0, gt=0)
+
+
+class DestinationConfig(_Section):
+    """One destination (Canal's instance)."""
+
+    name: str = ""  # filled from the table name
+    master: SourceSection
+    standby: SourceSection | None = None
+    db: DbSection = Field(default_factory=DbSection)
+    slave_id: int = Field(0, ge=0, lt=2**32)
+    gtid_mode: bool = False
+    filter: FilterSection = Field(default_factory=FilterSection)
+    fallback_interval_s: int = Field(60, ge=0)
+    dump_error_threshold: int = Field(2, ge=0)
+    memory: MemorySection = Field(default_factory=MemorySection)
+    transaction_size: int = Field(1024, ge=2, le=1_000_000)
+    heartbeat_s: float = Field(5.0, gt=0)
+    detecting: DetectingSection = Field(default_factory=DetectingSection)
+
+    @property
+    def effective_slave_id(self) -> int:
+        """``slave_id``, or a stable id derived from the destination name."""
+        return self.slave_id or 10_000 + zlib.crc32(self.name.encode()) % 1_000_000
+
+
+class NodeConfig(_Section):
+    node: NodeSection
+    etcd: EtcdSection = Field(default_factory=EtcdSection)
+    election: ElectionSection = Field(default_factory=ElectionSection)
+    meta: MetaSection = Field(default_factory=MetaSection)
+    auth: AuthSection = Field(default_factory=AuthSection)
+    tls: TlsSection = Field(default_factory=TlsSection)
+    destinations: dict[str, DestinationConfig] = Field(min_length=1)
+
+    @field_validator("destinations", mode="before")
+    @classmethod
+    def _names(cls, v: Any) -> Any:
+        if isinstance(v, Mapping):
+            out = {}
+            for name, table in v.items():
+                _check_id(str(name))
+                out[name] = {**table, "name": name} if isinstance(table, Mapping) else table
+            return out
+        return v
+
+    @property
+    def advertise_url(self) -> str:
+        if self.node.advertise_url:
+            return self.node.advertise_url
+        scheme = "https" if self.tls.enabled else "http"
+        return f"{scheme}://{self.node.listen}"
+
+    @property
+    def listen_host(self) -> str:
+        return self.node.listen.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def listen_port(self) -> int:
+        return int(self.node.listen.rsplit(":", 1)[1])
+
+
+def dsn_of(dest: DestinationConfig, source: SourceSection) -> dict[str, Any]:
+    """A DSN dict (host, port, user, password) for the reader and the finder."""
+    host, port = source.address.rsplit(":", 1)
+    return {
+        "host": host,
+        "port": int(port),
+        "user": dest.db.username,
+        "password": dest.db.password,
+    }
+
+
+def _key_of(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "config"
+
+
+def config_from_dict(data: Mapping[str, Any]) -> NodeConfig:
+    """Validate a parsed config; ``ConfigError`` names the first bad key (all reasons)."""
+    try:
+        config = NodeConfig.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        first = errors[0]
+        reasons = "; ".join(
+            f"{_key_of(e['loc'])}: {e['msg']}" if i else e["msg"] for i, e in enumerate(errors)
+        )
+        raise ConfigError(_key_of(first["loc"]), reasons) from None
+    try:
+        config.election.election_config().validate(config.etcd.timeout_s)
+    except ConfigError:
+        raise
+    return config
+
+
+def load_config(path: str | Path) -> NodeConfig:
+    """Read and validate a TOML config file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError("--config", f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from None
+    return config_from_dict(data)
+
+
+# -- writing (harnesses) ---------------------------------------------------------------
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def _flat(prefix: str, table: Mapping[str, Any]) -> list[str]:
+    lines = []
+    for k, v in table.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            lines.extend(_flat(f"{key}.", v))
+        elif v is not None:
+            lines.append(f"{key} = {_toml_value(v)}")
+    return lines
+
+
+def render_toml(data: Mapping[str, Any]) -> str:
+    """TOML text for a config dict: one table per top-level section (dotted keys inside)."""
+    out: list[str] = []
+    for section, table in data.items():
+        if section == "destinations":
+            for name, dest in table.items():
+                out += [f"[destinations.{name}]", *_flat("", dest), ""]
+        else:
+            out += [f"[{section}]", *_flat("", table), ""]
+    return "\n".join(out)

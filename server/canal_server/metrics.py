@@ -1,0 +1,138 @@
+"""Prometheus metrics of one node process (its own registry, no global state).
+
+Counters are updated where things happen (``InstanceMetrics`` for one destination);
+gauges that describe current state (store fill, outstanding batches, cursor lag,
+epoch) are computed at scrape time from a ``StateSource`` by a custom collector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from canal_server.entry import Entry
+
+__all__ = [
+    "CONTENT_TYPE",
+    "ClientGauge",
+    "DestinationGauges",
+    "InstanceMetrics",
+    "NodeMetrics",
+    "StateSource",
+]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class ClientGauge:
+    client: str
+    outstanding_batches: int
+    cursor_lag_s: float | None  # seconds behind the newest binlog event, None if unknown
+
+
+@dataclass(frozen=True)
+class DestinationGauges:
+    destination: str
+    epoch: int
+    leader: bool
+    store_entries: int = 0
+    store_bytes: int = 0
+    clients: Sequence[ClientGauge] = field(default_factory=tuple)
+
+
+class StateSource(Protocol):
+    def gauges(self) -> Iterable[DestinationGauges]: ...
+
+
+class InstanceMetrics:
+    """The counters of one destination."""
+
+    def __init__(self, node: NodeMetrics, destination: str) -> None:
+        self._entries = node.entries.labels(destination)
+        self._rows = node.rows.labels(destination)
+        self._won = node.elections_won.labels(destination)
+        self._lost = node.elections_lost.labels(destination)
+        self._errors = node.reader_errors.labels(destination)
+        self.newest_event_ms = 0
+
+    def parsed(self, entries: Sequence[Entry]) -> None:
+        self._entries.inc(len(entries))
+        self._rows.inc(sum(len(e.rows) for e in entries))
+        if entries:
+            self.newest_event_ms = max(self.newest_event_ms, entries[-1].header.timestamp_ms)
+
+    def won(self) -> None:
+        self._won.inc()
+
+    def lost(self) -> None:
+        self._lost.inc()
+
+    def reader_error(self) -> None:
+        self._errors.inc()
+
+
+class _StateCollector(Collector):
+    def __init__(self, source: StateSource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        epoch = GaugeMetricFamily("canal_epoch", "Epoch of the destination's leader", labels=["destination"])
+        leader = GaugeMetricFamily("canal_leader", "1 when this node leads the destination", labels=["destination"])
+        entries = GaugeMetricFamily("canal_store_entries", "Entries in the event store", labels=["destination"])
+        size = GaugeMetricFamily("canal_store_bytes", "Estimated bytes in the event store", labels=["destination"])
+        outstanding = GaugeMetricFamily(
+            "canal_outstanding_batches", "Outstanding batches per client", labels=["destination", "client"]
+        )
+        lag = GaugeMetricFamily(
+            "canal_cursor_lag_seconds",
+            "Client cursor behind the newest binlog event read, in seconds",
+            labels=["destination", "client"],
+        )  # fmt: skip
+        for g in self._source.gauges():
+            d = g.destination
+            epoch.add_metric([d], g.epoch)
+            leader.add_metric([d], 1.0 if g.leader else 0.0)
+            entries.add_metric([d], g.store_entries)
+            size.add_metric([d], g.store_bytes)
+            for c in g.clients:
+                outstanding.add_metric([d, c.client], c.outstanding_batches)
+                if c.cursor_lag_s is not None:
+                    lag.add_metric([d, c.client], c.cursor_lag_s)
+        yield from (epoch, leader, entries, size, outstanding, lag)
+
+
+class NodeMetrics:
+    """Every metric of one node, in a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.entries = Counter(
+            "canal_entries_parsed", "Entries parsed from the binlog", ["destination"], registry=r
+        )
+        self.rows = Counter("canal_rows", "Row changes parsed from the binlog", ["destination"], registry=r)
+        self.elections_won = Counter(
+            "canal_elections_won", "Times this node gained a destination", ["destination"], registry=r
+        )
+        self.elections_lost = Counter(
+            "canal_elections_lost", "Times this node lost or released a destination", ["destination"], registry=r
+        )
+        self.reader_errors = Counter(
+            "canal_reader_errors", "Binlog reader failures", ["destination"], registry=r
+        )
+        self.etcd_errors = Counter("canal_etcd_errors", "Failed calls to etcd made by the node", registry=r)
+
+    def instance(self, destination: str) -> InstanceMetrics:
+        return InstanceMetrics(self, destination)
+
+    def watch_state(self, source: StateSource) -> None:
+        self.registry.register(_StateCollector(source))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
