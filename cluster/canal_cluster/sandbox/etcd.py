@@ -105,15 +105,14 @@ class EtcdCluster:
         if self.size not in (1, 3):
             raise ValueError(f"etcd members must be 1 or 3, not {self.size}")
         if not self.members:
-            self.members = [self._new_member(i + 1) for i in range(self.size)]
-            initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
-            for m in self.members:
-                m.initial_cluster = initial
-                m.__post_init__()
-
-    def _new_member(self, i: int) -> EtcdMember:
-        name = f"etcd{i}"
-        return EtcdMember(name, self.root / name, free_port(), free_port(), free_port())
+            ports = {
+                f"etcd{i + 1}": (free_port(), free_port(), free_port()) for i in range(self.size)
+            }
+            initial = ",".join(f"{n}=http://127.0.0.1:{p[1]}" for n, p in ports.items())
+            self.members = [
+                EtcdMember(name, self.root / name, *p, initial_cluster=initial)
+                for name, p in ports.items()
+            ]
 
     @property
     def endpoints(self) -> list[str]:

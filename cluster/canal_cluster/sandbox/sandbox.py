@@ -238,7 +238,6 @@ def _member_from(m: dict[str, Any]) -> EtcdMember:
         int(m["metrics_port"]),
         initial_cluster=m["initial_cluster"],
     )
-    member.__post_init__()
     member.process.pid = m["pid"]
     return member
 
