@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent setup: Debian packages (MariaDB, etcd, a JRE) and .venv at the repo root
+# Idempotent setup: Debian packages (MariaDB, etcd, a JRE, docker-compose) and .venv at the repo root
 # with canal-ha installed editable with every extra. Safe to run again: it only does
 # what is missing.
 set -euo pipefail
@@ -11,6 +11,8 @@ command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || need_pkgs+=(
 command -v etcd >/dev/null 2>&1 || need_pkgs+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || need_pkgs+=(etcd-client)
 command -v java >/dev/null 2>&1 || need_pkgs+=(default-jre-headless)
+# Validates docker/compose.yml without an engine (`docker-compose -f FILE config`).
+command -v docker-compose >/dev/null 2>&1 || need_pkgs+=(docker-compose)
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
