@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from canal_cluster.retry import wait_until
@@ -37,7 +38,13 @@ def test_up_detach_three_members_standby_then_down(tmp_path: Path) -> None:
         assert len(state["etcd"]["endpoints"]) == 3
         assert state["mariadb"]["primary"]["url"].startswith("mysql://canal:")
         assert state["mariadb"]["standby"]["port"] != state["mariadb"]["primary"]["port"]
-        assert all(pid_alive(p) for p in pids) and len(pids) == 5
+        assert all(pid_alive(p) for p in pids) and len(pids) == 8  # 3 etcd, 2 db, 3 nodes
+        assert [n["name"] for n in state["nodes"]] == ["node1", "node2", "node3"]
+        leader = state["destinations"]["example"]["leader"]
+        assert leader["url"] in [n["url"] for n in state["nodes"]]
+        assert f"leader   {leader['node']} {leader['url']}" in up.stdout
+        health = httpx.get(f"{leader['url']}/v1/health").json()
+        assert health["destinations"]["example"]["role"] == "leader"
         box = Sandbox.load(workdir)
         box.primary.execute(
             "CREATE DATABASE t_cli",
@@ -54,7 +61,7 @@ def test_up_detach_three_members_standby_then_down(tmp_path: Path) -> None:
     finally:
         down = run_cli("down", "--workdir", str(workdir))
     assert down.returncode == 0, down.stderr
-    assert down.stdout.count("stopped ") == 5
+    assert down.stdout.count("stopped ") == 8
     assert not any(pid_alive(p) for p in pids)
     twice = run_cli("down", "--workdir", str(workdir))
     assert twice.returncode == 0

@@ -34,7 +34,11 @@ def positive_int(name: str) -> Callable[[str], int]:
 # Each module registers its subcommands: ``register(sub)`` adds parsers whose
 # ``func`` default is the handler ``(args) -> exit code``. Modules are imported lazily
 # so `canal-ha consume` never imports the server's dependencies.
-COMMAND_MODULES = ("canal_cluster.sandbox_cli",)
+COMMAND_MODULES = (
+    "canal_cluster.sandbox_cli",
+    "canal_server.server_cli",
+    "canal_client.consume_cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,7 +29,8 @@
         ├── ServerUnreachable       connection refused/reset, timeout (transport)
         ├── LeaderUnavailable       503 / no leader known yet (``retry_after_s``)
         ├── StaleLeader             a reply carried a lower epoch than one already seen
-        └── UnexpectedResponse      a reply the client cannot use (status, body, redirects)
+        ├── UnexpectedResponse      a reply the client cannot use (status, body, redirects)
+        └── ReplayMismatch          (Spark source) a replayed micro-batch differs from its plan
 
 Later packages add their own subclasses of ``CanalError`` here, so that one
 ``except CanalError`` catches every deliberate failure of the project.
@@ -53,6 +54,7 @@ __all__ = [
     "NotSubscribed",
     "PositionNotFound",
     "PurgedPosition",
+    "ReplayMismatch",
     "RetryExhausted",
     "SandboxError",
     "SandboxStartError",
@@ -206,3 +208,7 @@ class StaleLeader(ClientError):
 
 class UnexpectedResponse(ClientError):
     """A reply the client cannot use (unknown status, bad body, redirect loop)."""
+
+
+class ReplayMismatch(ClientError):
+    """The Spark source could not rebuild a planned micro-batch exactly (count or range)."""

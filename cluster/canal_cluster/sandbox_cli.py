@@ -4,20 +4,28 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from canal_cluster.cli import positive_int
-from canal_cluster.errors import ConfigError, SandboxStateError
+from canal_cluster.errors import ConfigError, RetryExhausted, SandboxStartError, SandboxStateError
+from canal_cluster.retry import wait_until
 from canal_cluster.sandbox import STATE_FILE, Sandbox
+from canal_cluster.sandbox.ports import free_port
+from canal_cluster.sandbox.process import ManagedProcess
 
 __all__ = ["DEFAULT_WORKDIR", "demo", "down", "register", "up"]
 
 DEFAULT_WORKDIR = Path(".canal-ha")
+DESTINATION = "example"
+NODE_READY_S = 90.0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -86,19 +94,107 @@ def start_sandbox(workdir: Path, etcd_members: int, standby: bool) -> Sandbox:
     return box
 
 
-def print_summary(box: Sandbox, nodes_requested: int) -> None:
+def print_summary(box: Sandbox, nodes: list[dict[str, Any]]) -> None:
     etcd = box.etcd_cluster
     rows = [("etcd", f"{','.join(etcd.endpoints)}  ({len(etcd.members)} member(s))")]
     for db in (box.primary_db, box.standby_db):
         if db is not None:
             d = db.dsn()
             rows.append((db.name, f"{d['url']}  server_id={d['server_id']}  pid {db.process.pid}"))
-    if nodes_requested:
-        rows.append(("nodes", f"{nodes_requested} requested; server nodes are not available yet"))
+    for n in nodes:
+        rows.append((n["name"], f"{n['url']}  pid {n['pid']}  config {n['config']}"))
     rows.append(("state", str(box.workdir / STATE_FILE)))
-    rows.append(("logs", f"{box.workdir}/{{etcd/*/etcd.log,primary/error.log,standby/error.log}}"))
+    logs = "{etcd/*/etcd.log,primary/error.log,standby/error.log,nodes/*.log}"
+    rows.append(("logs", f"{box.workdir}/{logs}"))
     for key, value in rows:
         print(f"  {key:<8} {value}")
+
+
+# -- server nodes --------------------------------------------------------------------------
+
+
+def _node_config(box: Sandbox, node_id: str, port: int) -> dict[str, Any]:
+    primary = box.primary.dsn()
+    dest: dict[str, Any] = {
+        "master": {"address": f"{primary['host']}:{primary['port']}"},
+        "db": {"username": primary["user"], "password": primary["password"]},
+    }
+    if box.standby_db is not None:
+        standby = box.standby_db.dsn()
+        dest["standby"] = {"address": f"{standby['host']}:{standby['port']}"}
+        dest["gtid_mode"] = True
+    return {
+        "node": {"id": node_id, "listen": f"127.0.0.1:{port}",
+                 "advertise_url": f"http://127.0.0.1:{port}"},
+        "etcd": {"endpoints": box.etcd_endpoints, "prefix": "/canal"},
+        "destinations": {DESTINATION: dest},
+    }  # fmt: skip
+
+
+def start_nodes(box: Sandbox, count: int) -> list[dict[str, Any]]:
+    """Start ``count`` server nodes serving destination ``example``; tracked by the sandbox."""
+    from canal_server.config import render_toml
+
+    nodes: list[dict[str, Any]] = []
+    for i in range(1, count + 1):
+        node_id = f"node{i}"
+        port = free_port()
+        path = box.workdir / "nodes" / f"{node_id}.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render_toml(_node_config(box, node_id, port)))
+        argv = (sys.executable, "-m", "canal_cluster.cli", "server", "--config", str(path))
+        proc = ManagedProcess(node_id, argv, path.with_suffix(".log"))
+        proc.start()
+        box.add_process(proc)
+        nodes.append(
+            {"name": node_id, "url": f"http://127.0.0.1:{port}", "pid": proc.pid,
+             "config": str(path), "log": str(proc.log_path)}
+        )  # fmt: skip
+    _write_nodes(box, nodes, None)
+    return nodes
+
+
+def _leader_of(nodes: list[dict[str, Any]]) -> dict[str, Any] | None:
+    import httpx
+
+    for n in nodes:
+        try:
+            health = httpx.get(f"{n['url']}/v1/health", timeout=2).json()
+        except (httpx.HTTPError, ValueError):
+            continue
+        d = health["destinations"][DESTINATION]
+        if d["role"] == "leader" and d["reader"]["state"] == "running":
+            return {"node": n["name"], "url": n["url"], "epoch": d["epoch"]}
+    return None
+
+
+def wait_for_leader(box: Sandbox, nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    found: list[dict[str, Any]] = []
+
+    def ready() -> bool:
+        leader = _leader_of(nodes)
+        found[:] = [leader] if leader else []
+        return leader is not None
+
+    try:
+        wait_until(ready, f"a leader of {DESTINATION}", NODE_READY_S)
+    except RetryExhausted:
+        raise SandboxStartError(
+            "server nodes", f"no node leads {DESTINATION!r}", str(box.workdir / "nodes")
+        ) from None
+    _write_nodes(box, nodes, found[0])
+    return found[0]
+
+
+def _write_nodes(box: Sandbox, nodes: list[dict[str, Any]], leader: dict[str, Any] | None) -> None:
+    """cluster.json plus the node URLs, config files, logs and the leader."""
+    state = box.state()
+    state["nodes"] = nodes
+    state["destinations"] = {DESTINATION: {"leader": leader}}
+    path = box.workdir / STATE_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(path)
 
 
 def _wait_forever(box: Sandbox) -> None:
@@ -116,18 +212,25 @@ def _stop(box: Sandbox) -> None:
 
 def up(args: argparse.Namespace) -> int:
     box = start_sandbox(args.workdir, args.etcd_members, args.standby)
-    print_summary(box, args.nodes)
-    if args.detach:
-        print(f"detached; stop with: canal-ha down --workdir {args.workdir}")
-        return 0
-    print("running; Ctrl-C stops everything")
     with _sigterm_as_interrupt():
         try:
+            nodes = start_nodes(box, args.nodes) if args.nodes else []
+            print_summary(box, nodes)
+            if nodes:
+                leader = wait_for_leader(box, nodes)
+                print(f"  leader   {leader['node']} {leader['url']} "
+                      f"(destination {DESTINATION}, epoch {leader['epoch']})")  # fmt: skip
+            if args.detach:
+                print(f"detached; stop with: canal-ha down --workdir {args.workdir}")
+                return 0
+            print("running; Ctrl-C stops everything")
             _wait_forever(box)
         except KeyboardInterrupt:
             print()
-        finally:
+        except BaseException:
             _stop(box)
+            raise
+    _stop(box)
     return 0
 
 
@@ -146,7 +249,7 @@ def demo(args: argparse.Namespace) -> int:
     from canal_cluster.demo import DemoRun
 
     box = start_sandbox(args.workdir, 1, args.standby)
-    print_summary(box, 0)
+    print_summary(box, [])
     run = DemoRun(box, rate=args.rate)
     stop = threading.Event()
     with _sigterm_as_interrupt():

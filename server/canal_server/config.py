@@ -123,7 +123,7 @@ class NodeSection(_Section):
 class EtcdSection(_Section):
     endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:2379"], min_length=1)
     prefix: str = "/canal"
-    timeout_s: float = Field(2.0, gt=0, le=60)
+    timeout_s: float = Field(default=2.0, gt=0, le=60)
 
     @field_validator("endpoints")
     @classmethod
@@ -143,10 +143,10 @@ class EtcdSection(_Section):
 
 
 class ElectionSection(_Section):
-    ttl_s: float = Field(10.0, gt=0)
-    switch_delay_s: float = Field(5.0, ge=0)
-    safety_margin_s: float = Field(2.0, gt=0)
-    loop_interval_s: float = Field(1.0, gt=0)
+    ttl_s: float = Field(default=10.0, gt=0)
+    switch_delay_s: float = Field(default=5.0, ge=0)
+    safety_margin_s: float = Field(default=2.0, gt=0)
+    loop_interval_s: float = Field(default=1.0, gt=0)
 
     def election_config(self) -> ElectionConfig:
         return ElectionConfig(
@@ -155,7 +155,7 @@ class ElectionSection(_Section):
 
 
 class MetaSection(_Section):
-    flush_period_ms: int = Field(1000, gt=0, le=3_600_000)
+    flush_period_ms: int = Field(default=1000, gt=0, le=3_600_000)
 
 
 class AuthSection(_Section):
@@ -193,8 +193,8 @@ class SourceSection(_Section):
 
     address: str
     journal_name: str = ""
-    position: int = Field(0, ge=0)
-    timestamp: int = Field(0, ge=0, description="ms since the epoch")
+    position: int = Field(default=0, ge=0)
+    timestamp: int = Field(default=0, ge=0, description="ms since the epoch")
     gtid: str = ""
 
     _address = field_validator("address")(_host_port)
@@ -220,16 +220,16 @@ class FilterSection(_Section):
 
 
 class MemorySection(_Section):
-    buffer_size: int = Field(16384, ge=1, le=10_000_000)
-    buffer_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    buffer_size: int = Field(default=16384, ge=1, le=10_000_000)
+    buffer_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
 
 
 class DetectingSection(_Section):
     enable: bool = False
     sql: str = "SELECT 1"
-    interval_s: float = Field(3.0, gt=0)
-    retry_threshold: int = Field(3, ge=1)
-    timeout_s: float = Field(2.0, gt=0)
+    interval_s: float = Field(default=3.0, gt=0)
+    retry_threshold: int = Field(default=3, ge=1)
+    timeout_s: float = Field(default=2.0, gt=0)
 
 
 class DestinationConfig(_Section):
@@ -238,16 +238,16 @@ class DestinationConfig(_Section):
     name: str = ""  # filled from the table name
     master: SourceSection
     standby: SourceSection | None = None
-    db: DbSection = Field(default_factory=DbSection)
-    slave_id: int = Field(0, ge=0, lt=2**32)
+    db: DbSection = DbSection()
+    slave_id: int = Field(default=0, ge=0, lt=2**32)
     gtid_mode: bool = False
-    filter: FilterSection = Field(default_factory=FilterSection)
-    fallback_interval_s: int = Field(60, ge=0)
-    dump_error_threshold: int = Field(2, ge=0)
-    memory: MemorySection = Field(default_factory=MemorySection)
-    transaction_size: int = Field(1024, ge=2, le=1_000_000)
-    heartbeat_s: float = Field(5.0, gt=0)
-    detecting: DetectingSection = Field(default_factory=DetectingSection)
+    filter: FilterSection = FilterSection()
+    fallback_interval_s: int = Field(default=60, ge=0)
+    dump_error_threshold: int = Field(default=2, ge=0)
+    memory: MemorySection = MemorySection()
+    transaction_size: int = Field(default=1024, ge=2, le=1_000_000)
+    heartbeat_s: float = Field(default=5.0, gt=0)
+    detecting: DetectingSection = DetectingSection()
 
     @property
     def effective_slave_id(self) -> int:
@@ -257,11 +257,11 @@ class DestinationConfig(_Section):
 
 class NodeConfig(_Section):
     node: NodeSection
-    etcd: EtcdSection = Field(default_factory=EtcdSection)
-    election: ElectionSection = Field(default_factory=ElectionSection)
-    meta: MetaSection = Field(default_factory=MetaSection)
-    auth: AuthSection = Field(default_factory=AuthSection)
-    tls: TlsSection = Field(default_factory=TlsSection)
+    etcd: EtcdSection = EtcdSection()
+    election: ElectionSection = ElectionSection()
+    meta: MetaSection = MetaSection()
+    auth: AuthSection = AuthSection()
+    tls: TlsSection = TlsSection()
     destinations: dict[str, DestinationConfig] = Field(min_length=1)
 
     @field_validator("destinations", mode="before")
@@ -317,10 +317,7 @@ def config_from_dict(data: Mapping[str, Any]) -> NodeConfig:
             f"{_key_of(e['loc'])}: {e['msg']}" if i else e["msg"] for i, e in enumerate(errors)
         )
         raise ConfigError(_key_of(first["loc"]), reasons) from None
-    try:
-        config.election.election_config().validate(config.etcd.timeout_s)
-    except ConfigError:
-        raise
+    config.election.election_config().validate(config.etcd.timeout_s)  # names election.*
     return config
 
 

@@ -82,12 +82,22 @@ class _StateCollector(Collector):
         self._source = source
 
     def collect(self) -> Iterator[Metric]:
-        epoch = GaugeMetricFamily("canal_epoch", "Epoch of the destination's leader", labels=["destination"])
-        leader = GaugeMetricFamily("canal_leader", "1 when this node leads the destination", labels=["destination"])
-        entries = GaugeMetricFamily("canal_store_entries", "Entries in the event store", labels=["destination"])
-        size = GaugeMetricFamily("canal_store_bytes", "Estimated bytes in the event store", labels=["destination"])
+        epoch = GaugeMetricFamily(
+            "canal_epoch", "Epoch of the destination's leader", labels=["destination"]
+        )
+        leader = GaugeMetricFamily(
+            "canal_leader", "1 when this node leads the destination", labels=["destination"]
+        )
+        entries = GaugeMetricFamily(
+            "canal_store_entries", "Entries in the event store", labels=["destination"]
+        )
+        size = GaugeMetricFamily(
+            "canal_store_bytes", "Estimated bytes in the event store", labels=["destination"]
+        )
         outstanding = GaugeMetricFamily(
-            "canal_outstanding_batches", "Outstanding batches per client", labels=["destination", "client"]
+            "canal_outstanding_batches",
+            "Outstanding batches per client",
+            labels=["destination", "client"],
         )
         lag = GaugeMetricFamily(
             "canal_cursor_lag_seconds",
@@ -116,17 +126,27 @@ class NodeMetrics:
         self.entries = Counter(
             "canal_entries_parsed", "Entries parsed from the binlog", ["destination"], registry=r
         )
-        self.rows = Counter("canal_rows", "Row changes parsed from the binlog", ["destination"], registry=r)
+        self.rows = Counter(
+            "canal_rows", "Row changes parsed from the binlog", ["destination"], registry=r
+        )
         self.elections_won = Counter(
-            "canal_elections_won", "Times this node gained a destination", ["destination"], registry=r
+            "canal_elections_won",
+            "Times this node gained a destination",
+            ["destination"],
+            registry=r,
         )
         self.elections_lost = Counter(
-            "canal_elections_lost", "Times this node lost or released a destination", ["destination"], registry=r
+            "canal_elections_lost",
+            "Times this node lost or released a destination",
+            ["destination"],
+            registry=r,
         )
         self.reader_errors = Counter(
             "canal_reader_errors", "Binlog reader failures", ["destination"], registry=r
         )
-        self.etcd_errors = Counter("canal_etcd_errors", "Failed calls to etcd made by the node", registry=r)
+        self.etcd_errors = Counter(
+            "canal_etcd_errors", "Failed calls to etcd made by the node", registry=r
+        )
 
     def instance(self, destination: str) -> InstanceMetrics:
         return InstanceMetrics(self, destination)

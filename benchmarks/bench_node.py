@@ -1,0 +1,312 @@
+"""Node parts: end to end (msgpack, JSON), commit latency, failover time, node RSS.
+
+All of them run the real ``canal-ha server`` (bench_cluster) and the real client
+(``canal_client``). End to end reads the generated binlog from its start position: the
+clock starts when the leader's reader is seen running and stops at the last ack.
+"""
+
+from __future__ import annotations
+
+import importlib
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench_cluster import DEST, FAST_ELECTION, BenchNode, start_nodes, stop_all, wait_leader
+from bench_common import Context, NotYet, percentile
+from bench_data import COLUMNS, SCHEMA, TX_ROWS, row_select
+
+from canal_cluster.retry import wait_until
+
+__all__ = ["e2e_json", "e2e_msgpack", "failover", "latency", "node_rss"]
+
+BATCH_SIZE = 1000  # entries per get (Canal's batchSize)
+E2E_TIMEOUT_S = 1800.0
+
+
+def _require() -> Any:
+    """The canal_client.connector module, or NotYet naming what is missing."""
+    for module in ("canal_server.server_cli", "canal_server.node", "canal_client.connector"):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise NotYet(f"{module} is not importable: {exc}") from exc
+    return importlib.import_module("canal_client.connector")
+
+
+def _touch(batch: Any) -> int:
+    """Rows in a client batch, reading every value as a consumer would."""
+    rows = 0
+    for entry in batch.entries:
+        for row in entry.rows:
+            for col in row.before:
+                _ = col.value
+            for col in row.after:
+                _ = col.value
+        rows += len(entry.rows)
+    return rows
+
+
+# -- end to end ------------------------------------------------------------------------------
+
+
+def _e2e(ctx: Context, wire: str) -> dict[str, Any]:
+    connector = _require()
+    ds = ctx.dataset
+    master = {"journal_name": ds.journal, "position": ds.offset}
+    nodes = start_nodes(ctx, 1, f"e2e-{wire}", destination={"master": master})
+    try:
+        wait_leader(nodes)
+        t0 = time.perf_counter()
+        rows = batches = 0
+        with connector.SimpleConnector(nodes[0].url, DEST, f"e2e-{wire}", wire=wire) as conn:
+            conn.subscribe()
+            connected_s = time.perf_counter() - t0
+            while rows < ds.rows:
+                if time.perf_counter() - t0 > E2E_TIMEOUT_S:
+                    raise TimeoutError(f"{rows} of {ds.rows} rows after {E2E_TIMEOUT_S}s")
+                batch = conn.get_without_ack(BATCH_SIZE, 1.0)
+                if batch.is_empty:
+                    continue
+                rows += _touch(batch)
+                conn.ack(batch.id)
+                batches += 1
+            elapsed = time.perf_counter() - t0
+    finally:
+        stop_all(nodes)
+    return {
+        "rows": rows, "seconds": round(elapsed, 3), "rows_per_s": rows / elapsed,
+        "batches": batches, "batch_size_entries": BATCH_SIZE, "wire": wire,
+        "client_connect_s": round(connected_s, 3),
+        "path": "leader node -> REST -> SimpleConnector, get_without_ack + ack",
+    }  # fmt: skip
+
+
+def e2e_msgpack(ctx: Context) -> dict[str, Any]:
+    return _e2e(ctx, "msgpack")
+
+
+def e2e_json(ctx: Context) -> dict[str, Any]:
+    return _e2e(ctx, "json")
+
+
+# -- commit -> client latency -------------------------------------------------------------------
+
+
+@dataclass
+class _Arrivals:
+    """Latency samples by row id, filled by the consumer thread."""
+
+    latency_us: dict[int, int] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+    error: list[BaseException] = field(default_factory=list)
+    epochs: list[tuple[float, int]] = field(default_factory=list)
+
+
+def _consume(conn: Any, table: str, arrivals: _Arrivals) -> None:
+    """Get + ack until stopped; record (arrival - sent) per row of ``table`` and the epoch
+    with the time of every non-empty batch."""
+    try:
+        while not arrivals.stop.is_set():
+            batch = conn.get_without_ack(BATCH_SIZE, 0.5)
+            now_us = time.time_ns() // 1000
+            if batch.is_empty:
+                continue
+            arrivals.epochs.append((time.monotonic(), conn.epoch))
+            for entry in batch.entries:
+                if entry.header.table != table:
+                    continue
+                for row in entry.rows:
+                    values = {c.name: c.value for c in row.after}
+                    arrivals.latency_us.setdefault(int(values["id"]), now_us - int(values["sent_us"]))
+            conn.ack(batch.id)
+    except BaseException as exc:  # reported by the part
+        arrivals.error.append(exc)
+
+
+def _write_paced(ctx: Context, table: str, first_id: int, tps: float, seconds: float) -> tuple[int, float]:
+    """Autocommit one-row inserts at ``tps`` for ``seconds``; (rows written, achieved tps)."""
+    n = max(1, int(tps * seconds))
+    with ctx.sandbox.primary.admin() as conn, conn.cursor() as cur:
+        t0 = time.perf_counter()
+        for i in range(n):
+            delay = t0 + i / tps - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            cur.execute(
+                f"INSERT INTO {SCHEMA}.{table} VALUES (%s, %s, 'x')",
+                (first_id + i, time.time_ns() // 1000),
+            )
+        elapsed = time.perf_counter() - t0
+    return n, n / elapsed
+
+
+def _rate_stats(arrivals: _Arrivals, ids: range, tps: float, achieved: float) -> dict[str, Any]:
+    wait_until(
+        lambda: all(i in arrivals.latency_us for i in ids) or bool(arrivals.error),
+        f"{len(ids)} rows at the client", 120,
+    )  # fmt: skip
+    if arrivals.error:
+        raise arrivals.error[0]
+    ms = [arrivals.latency_us[i] / 1000 for i in ids]
+    return {
+        "target_tps": tps, "achieved_tps": round(achieved, 1), "samples": len(ms),
+        "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "max_ms": max(ms),
+        "mean_ms": round(statistics.fmean(ms), 3),
+    }  # fmt: skip
+
+
+def _create_small_table(ctx: Context, table: str) -> None:
+    ctx.sandbox.primary.execute(
+        f"CREATE TABLE IF NOT EXISTS {SCHEMA}.{table} "
+        "(id BIGINT PRIMARY KEY, sent_us BIGINT NOT NULL, note VARCHAR(16))"
+    )
+
+
+def latency(ctx: Context) -> dict[str, Any]:
+    connector = _require()
+    seconds = float(ctx.options.get("latency_seconds", 10.0))
+    _create_small_table(ctx, "lat")
+    nodes = start_nodes(ctx, 1, "latency")
+    arrivals = _Arrivals()
+    try:
+        wait_leader(nodes)
+        with connector.SimpleConnector(nodes[0].url, DEST, "latency") as conn:
+            conn.subscribe()
+            consumer = threading.Thread(target=_consume, args=(conn, "lat", arrivals))
+            consumer.start()
+            try:
+                rates = _latency_rates(ctx, arrivals, seconds)
+            finally:
+                arrivals.stop.set()
+                consumer.join(30)
+    finally:
+        stop_all(nodes)
+    return {"rates": rates, "seconds_per_rate": seconds, "writer": "one-row autocommit INSERTs",
+            "consumer": f"SimpleConnector msgpack, get_without_ack({BATCH_SIZE}, 0.5 s) + ack"}  # fmt: skip
+
+
+def _latency_rates(ctx: Context, arrivals: _Arrivals, seconds: float) -> list[dict[str, Any]]:
+    next_id = 1
+    warm, _ = _write_paced(ctx, "lat", next_id, 100, 0.5)  # warm-up, not counted
+    _rate_stats(arrivals, range(next_id, next_id + warm), 100, 100)
+    next_id += warm
+    rates = []
+    for tps in (100.0, 1000.0):
+        n, achieved = _write_paced(ctx, "lat", next_id, tps, seconds)
+        rates.append(_rate_stats(arrivals, range(next_id, next_id + n), tps, achieved))
+        next_id += n
+    return rates
+
+
+# -- failover ----------------------------------------------------------------------------------
+
+
+class _Trickle(threading.Thread):
+    """Writes one-row transactions at a steady rate until stopped."""
+
+    def __init__(self, ctx: Context, table: str, tps: float) -> None:
+        super().__init__(name="bench-trickle", daemon=True)
+        self.ctx, self.table, self.tps = ctx, table, tps
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        with self.ctx.sandbox.primary.admin() as conn, conn.cursor() as cur:
+            i = 0
+            while not self.halt.wait(1 / self.tps):
+                i += 1
+                cur.execute(
+                    f"INSERT INTO {SCHEMA}.{self.table} VALUES (%s, %s, 'f')",
+                    (i, time.time_ns() // 1000),
+                )
+
+
+def _one_failover(nodes: list[BenchNode], arrivals: _Arrivals) -> tuple[float, BenchNode]:
+    """Kill the leader once; seconds from SIGKILL to the first batch of a higher epoch."""
+    leader = wait_leader(nodes)
+    d = leader.destination()
+    assert d is not None
+    epoch = int(d["epoch"])
+    wait_until(lambda: any(e >= epoch for _, e in arrivals.epochs[-5:]), "batches", 120)
+    t_kill = time.monotonic()
+    leader.kill()
+    got: list[float] = []
+
+    def new_epoch_batch() -> bool:
+        if arrivals.error:
+            raise arrivals.error[0]
+        got[:] = [t for t, e in list(arrivals.epochs) if t > t_kill and e > epoch][:1]
+        return bool(got)
+
+    wait_until(new_epoch_batch, "first batch from the new leader", 120, 0.01, 0.02)
+    return got[0] - t_kill, leader
+
+
+def failover(ctx: Context) -> dict[str, Any]:
+    connector = _require()
+    trials = int(ctx.options.get("failover_trials", 5))
+    _create_small_table(ctx, "fo")
+    ctx.sandbox.primary.execute(f"TRUNCATE TABLE {SCHEMA}.fo")
+    nodes = start_nodes(ctx, 2, "failover")
+    arrivals, writer = _Arrivals(), _Trickle(ctx, "fo", 50.0)
+    times: list[float] = []
+    try:
+        wait_leader(nodes)
+        writer.start()
+        conn = connector.ClusterConnector(DEST, "failover", etcd=ctx.sandbox.etcd_endpoints,
+                                          prefix=nodes[0].prefix)  # fmt: skip
+        with conn:
+            conn.subscribe()
+            consumer = threading.Thread(target=_consume, args=(conn, "fo", arrivals))
+            consumer.start()
+            try:
+                for _ in range(trials):
+                    seconds, killed = _one_failover(nodes, arrivals)
+                    times.append(round(seconds, 3))
+                    killed.restart()
+            finally:
+                arrivals.stop.set()
+                consumer.join(30)
+    finally:
+        writer.halt.set()
+        writer.join(10)
+        stop_all(nodes)
+    return {
+        "trials_s": times, "median_s": statistics.median(times), "max_s": max(times),
+        "election": dict(FAST_ELECTION), "nodes": 2, "writer_tps": 50,
+        "client": "ClusterConnector (etcd), get_without_ack + ack",
+    }  # fmt: skip
+
+
+# -- node RSS ----------------------------------------------------------------------------------
+
+
+def node_rss(ctx: Context) -> dict[str, Any]:
+    connector = _require()
+    rows = int(ctx.options.get("rss_rows", 100_000))
+    db = ctx.sandbox.primary
+    db.execute(f"DROP TABLE IF EXISTS {SCHEMA}.rss", f"CREATE TABLE {SCHEMA}.rss ({COLUMNS})")
+    memory = {"buffer_size": 10_000_000, "buffer_bytes": 8 * 2**30}
+    nodes = start_nodes(ctx, 1, "rss", destination={"memory": memory})
+    try:
+        node = wait_leader(nodes)
+        with connector.SimpleConnector(node.url, DEST, "rss") as conn:
+            conn.subscribe()  # subscribed, never gets nor acks: everything stays buffered
+            time.sleep(1.0)  # let the idle node settle before the baseline sample
+            before = node.rss()
+            for first in range(1, rows + 1, TX_ROWS):
+                db.execute(f"INSERT INTO {SCHEMA}.rss {row_select(first, min(rows, first + TX_ROWS - 1))}")
+            wait_until(lambda: node.metric("canal_rows_total") >= rows, f"{rows} rows parsed", 600)
+            store_bytes = node.metric("canal_store_bytes")
+            entries = node.metric("canal_store_entries")
+            after = node.rss()
+    finally:
+        stop_all(nodes)
+    return {
+        "rows": rows, "rss_before_bytes": before, "rss_after_bytes": after,
+        "bytes_per_row": (after - before) / rows, "store_entries": int(entries),
+        "store_bytes": int(store_bytes), "store_bytes_per_row": store_bytes / rows,
+        "memory": memory, "table": f"{SCHEMA}.rss (same columns as the binlog tables)",
+    }  # fmt: skip

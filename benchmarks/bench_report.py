@@ -1,0 +1,121 @@
+"""Ratios between the throughput parts and the printed table of a result document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["BASELINES", "ratios", "render_table"]
+
+BASELINES = {"vs_mysql_replication": "mysql_replication", "vs_c_decoder": "mariadb_binlog"}
+
+
+def _rate(record: dict[str, Any] | None) -> float | None:
+    if not record or record.get("status") != "ok" or "rows_per_s" not in record:
+        return None
+    return float(record["rows_per_s"])
+
+
+def ratios(parts: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """For every part with rows/s: its rate divided by each baseline's (None if missing)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for name, record in parts.items():
+        rate = _rate(record)
+        if rate is None:
+            continue
+        out[name] = {}
+        for key, base in BASELINES.items():
+            base_rate = _rate(parts.get(base))
+            out[name][key] = round(rate / base_rate, 3) if base_rate else None
+    return out
+
+
+def _fmt_ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def _note(record: dict[str, Any]) -> str:
+    status = record.get("status")
+    if status != "ok":
+        text = str(record.get("reason") or record.get("error") or "")
+        return " ".join(text.split())[:160]
+    if "runs" in record:
+        return "runs: " + ", ".join(f"{r:,.0f}" for r in record["runs"])
+    return ""
+
+
+def _machine_lines(result: dict[str, Any]) -> list[str]:
+    m = result.get("machine", {})
+    lines = [
+        f"machine: {m.get('nproc')} CPUs, {m.get('cpu_model')}, "
+        f"{m.get('memory_bytes', 0) / 2**30:.1f} GiB, Python {m.get('python')}, "
+        f"load {m.get('loadavg_at_start')}"
+    ]
+    b = result.get("binlog")
+    if b:
+        lines.append(
+            f"binlog: {b['rows']:,} row changes ({b['kinds']}) in {b['transactions']} "
+            f"transactions over {len(b['tables'])} tables, {b['bytes'] / 2**20:.1f} MiB"
+        )
+    return lines
+
+
+def _throughput_table(result: dict[str, Any]) -> list[str]:
+    parts, rat = result.get("parts", {}), result.get("ratios", {})
+    head = f"{'part':<44} {'status':<11} {'rows/s':>11} {'/py-repl':>9} {'/C':>7}  notes"
+    lines = [head, "-" * len(head)]
+    for name, rec in parts.items():
+        if name in ("latency", "failover", "node_rss"):
+            continue
+        rate = _rate(rec)
+        r = rat.get(name, {})
+        lines.append(
+            f"{rec.get('title', name):<44} {rec.get('status', '?'):<11} "
+            f"{'-' if rate is None else f'{rate:,.0f}':>11} "
+            f"{_fmt_ratio(r.get('vs_mysql_replication')):>9} "
+            f"{_fmt_ratio(r.get('vs_c_decoder')):>7}  {_note(rec)}"
+        )
+    return lines
+
+
+def _latency_lines(rec: dict[str, Any]) -> list[str]:
+    lines = []
+    for rate in rec.get("rates", []):
+        lines.append(
+            f"  {rate['target_tps']:>5} tx/s (achieved {rate['achieved_tps']:.0f}): "
+            f"p50 {rate['p50_ms']:.1f} ms, p99 {rate['p99_ms']:.1f} ms, max "
+            f"{rate['max_ms']:.1f} ms over {rate['samples']} rows"
+        )
+    return lines
+
+
+def _failover_lines(rec: dict[str, Any]) -> list[str]:
+    return [
+        f"  median {rec['median_s']:.2f} s, max {rec['max_s']:.2f} s over "
+        f"{len(rec['trials_s'])} trials (ttl {rec['election']['ttl_s']} s, switch delay "
+        f"{rec['election']['switch_delay_s']} s); trials: "
+        + ", ".join(f"{t:.2f}" for t in rec["trials_s"])
+    ]
+
+
+def _rss_lines(rec: dict[str, Any]) -> list[str]:
+    return [
+        f"  RSS {rec['rss_before_bytes'] / 2**20:.1f} MiB -> {rec['rss_after_bytes'] / 2**20:.1f}"
+        f" MiB with {rec['rows']:,} rows buffered: {rec['bytes_per_row']:.0f} bytes/row"
+        f" (store estimate {rec.get('store_bytes_per_row', 0):.0f} bytes/row)"
+    ]
+
+
+def render_table(result: dict[str, Any]) -> str:
+    """The human-readable summary printed at the end of a run."""
+    lines = [*_machine_lines(result), "", *_throughput_table(result)]
+    render = {"latency": _latency_lines, "failover": _failover_lines, "node_rss": _rss_lines}
+    for name, fn in render.items():
+        rec = result.get("parts", {}).get(name)
+        if rec is None:
+            continue
+        lines += ["", f"{rec.get('title', name)}: {rec.get('status')}"]
+        if rec.get("status") == "ok":
+            lines += fn(rec)
+        else:
+            lines.append("  " + _note(rec))
+    return "\n".join(lines)

@@ -1,0 +1,122 @@
+"""canal-ha benchmark harness: one command, one generated binlog, a table and a JSON file.
+
+Usage::
+
+    .venv/bin/python benchmarks/run.py [--rows N] [--only NAME,...] [--out FILE]
+
+Starts a private sandbox (MariaDB + etcd in a temp dir), writes ``--rows`` row changes
+(mixed types, three tables, 1000-row transactions), runs every part (see ``PARTS``;
+``--only`` picks some), prints a table and writes JSON (default
+``benchmarks/results/latest.json``). The sandbox is stopped at the end by pid. A part
+that fails records its error; the run goes on. Numbers on a loaded machine are not
+final: run it when the machine is quiet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import bench_node
+import bench_readers
+import bench_spark
+from bench_common import REPO, Context, Part, machine_info, run_part
+from bench_data import generate
+from bench_report import ratios, render_table
+
+from canal_cluster.sandbox import Sandbox
+
+__all__ = ["PARTS", "main"]
+
+log = logging.getLogger("bench")
+
+PARTS: tuple[Part, ...] = (
+    Part("mariadb_binlog", "mariadb-binlog -v (C decoder)", bench_readers.mariadb_binlog),
+    Part("zongji", "npm @vlasky/zongji (Node)", bench_readers.zongji),
+    Part("mysql_replication", "mysql-replication loop", bench_readers.mysql_replication),
+    Part("binlog_reader", "canal-ha BinlogReader (in-process)", bench_readers.binlog_reader),
+    Part("e2e_msgpack", "canal-ha node -> REST msgpack -> client", bench_node.e2e_msgpack),
+    Part("e2e_json", "canal-ha node -> REST JSON -> client", bench_node.e2e_json),
+    Part("spark_parquet", "Spark source -> parquet", bench_spark.spark_parquet),
+    Part("latency", "commit -> client latency", bench_node.latency),
+    Part("failover", "failover: leader SIGKILL -> first batch", bench_node.failover),
+    Part("node_rss", "node RSS, rows buffered (not acked)", bench_node.node_rss),
+)
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "latest.json"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    names = [p.name for p in PARTS]
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--rows", type=int, default=300_000, help="row changes in the binlog")
+    p.add_argument("--only", default="", help=f"comma-separated parts of: {','.join(names)}")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON result file")
+    p.add_argument("--repeat", type=int, default=3, help="runs per reader (median)")
+    p.add_argument("--latency-seconds", type=float, default=10.0, help="per rate")
+    p.add_argument("--failover-trials", type=int, default=5)
+    p.add_argument("--rss-rows", type=int, default=100_000)
+    p.add_argument("-v", "--verbose", action="store_true")
+    args = p.parse_args(argv)
+    only = [n for n in args.only.split(",") if n]
+    unknown = sorted(set(only) - set(names))
+    if unknown:
+        p.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(names)}")
+    if args.rows < 1000 or args.repeat < 1:
+        p.error("--rows must be >= 1000 and --repeat >= 1")
+    args.parts = [part for part in PARTS if not only or part.name in only]
+    return args
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Start the sandbox, generate the binlog, run the parts; the result document."""
+    started = time.time()
+    result: dict[str, Any] = {"machine": machine_info(), "started_at": started}
+    with tempfile.TemporaryDirectory(prefix="canal-bench-") as tmp:
+        box = Sandbox(Path(tmp) / "sandbox", etcd_members=1, standby=False).start()
+        try:
+            log.info("generating %d row changes", args.rows)
+            dataset = generate(box.primary, args.rows)
+            result["binlog"] = dataclasses.asdict(dataset)
+            ctx = Context(box, dataset, Path(tmp), args.repeat, _options(args))
+            result["parts"] = {part.name: run_part(part, ctx) for part in args.parts}
+        finally:
+            stopped = box.stop()
+            log.info("sandbox stopped: %s", ", ".join(stopped))
+    result["ratios"] = ratios(result["parts"])
+    result["duration_s"] = round(time.time() - started, 1)
+    return result
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "latency_seconds": args.latency_seconds,
+        "failover_trials": args.failover_trials,
+        "rss_rows": args.rss_rows,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    logging.getLogger("bench").setLevel(logging.INFO)
+    logging.getLogger("pymysqlreplication").setLevel(logging.WARNING)
+    result = run(args)
+    print(render_table(result))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"\nwritten: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

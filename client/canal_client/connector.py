@@ -1,0 +1,590 @@
+"""The connectors: ``Connector`` (the logic), ``SimpleConnector`` and ``ClusterConnector``.
+
+A connector talks to the leader of one destination for one client id over the REST
+API of API.md. The leader comes from a ``LeaderResolver`` (a URL list following 307,
+or etcd's running key followed by watch). Everything is done within a *session*: a
+leader URL and its epoch, opened the way Canal's ``processActiveEnter`` does it:
+subscribe again with the last filter, then roll back (``rollback_on_connect``), so
+batches the previous leader handed out (and which we may never have seen) are
+delivered again instead of being acked blindly.
+
+Rules:
+
+- one ``RetryPolicy`` drives every call: transport failures, 503 (``Retry-After`` is
+  honoured), a 307 while in a session and stale-epoch replies drop the session and
+  retry, re-resolving the leader; the wait between attempts ends early when the
+  resolver sees a leader change;
+- the connector never accepts a lower epoch than one it has seen (``X-Canal-Epoch``):
+  such a reply comes from a stale leader (``StaleLeader``, retried); a reply with
+  another epoch than the session's means the leader changed under the same URL;
+- batches belong to the session that fetched them. ``ack``/``rollback`` of a batch of
+  an earlier session are dropped with a warning: the reconnect rolled it back and its
+  entries come again (duplicates are bounded by the unacked batches plus the acks the
+  old leader had not yet flushed);
+- with an ``ActiveGate`` (ClientRunningMonitor) only the active consumer opens a
+  session; the others wait in ``get_without_ack`` (returning empty batches);
+- each leader change followed is logged on the ``canal_client`` logger with the
+  destination, client id, old and new leader URL and epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from canal_client.exclusive import ActiveGate
+from canal_client.model import Batch
+from canal_client.resolver import EtcdResolver, Leader, LeaderResolver, StaticResolver
+from canal_client.wire import HttpChannel, Redirected, Reply, WireFormat
+from canal_cluster.coordinator import Coordinator
+from canal_cluster.errors import (
+    ClientError,
+    ConfigError,
+    InvalidArgument,
+    LeaderUnavailable,
+    NotSubscribed,
+    ServerUnreachable,
+    StaleLeader,
+    UnknownBatch,
+)
+from canal_cluster.keys import DEFAULT_PREFIX, Keys, validate_id
+from canal_cluster.retry import RetryPolicy
+from canal_cluster.running import ElectionConfig
+
+__all__ = ["DEFAULT_RETRY", "ClusterConnector", "Connector", "SimpleConnector"]
+
+log = logging.getLogger("canal_client")
+T = TypeVar("T")
+
+DEFAULT_RETRY = RetryPolicy(initial_s=0.1, multiplier=2.0, max_delay_s=2.0, attempts=-1)
+MAX_RETRY_AFTER_S = 30.0
+
+
+class _SessionLost(ClientError):
+    """The leader moved (307, new epoch): open a new session and retry."""
+
+
+class _Inactive(ClientError):
+    """This consumer is not the active one for its client id."""
+
+
+_RETRYABLE = (ServerUnreachable, LeaderUnavailable, StaleLeader, _SessionLost)
+
+
+@dataclass
+class _Session:
+    """A leader URL and its epoch (learned from the first reply carrying one)."""
+
+    gen: int
+    url: str
+    epoch: int | None
+    gate_gen: int
+
+
+class Connector:
+    """Connector over a ``LeaderResolver``; see the module docstring."""
+
+    def __init__(
+        self,
+        destination: str,
+        client_id: str,
+        resolver: LeaderResolver,
+        *,
+        token: str | None = None,
+        wire: WireFormat = "msgpack",
+        retry: RetryPolicy | None = None,
+        rollback_on_connect: bool = True,
+        request_timeout_s: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+        gate: ActiveGate | None = None,
+    ) -> None:
+        self.destination = validate_id(destination, "destination")
+        Keys().client_prefix(destination, client_id)  # validates client_id
+        self.client_id = client_id
+        self.rollback_on_connect = rollback_on_connect
+        self._resolver = resolver
+        self._gate = gate
+        self._channel_args: dict[str, Any] = {
+            "wire": wire,
+            "token": token,
+            "timeout_s": request_timeout_s,
+            "transport": transport,
+        }
+        self._channel: HttpChannel | None = None
+        self._retry = dataclasses.replace(retry or DEFAULT_RETRY, sleep=self._backoff_sleep)
+        self._lock = threading.RLock()
+        self._session: _Session | None = None
+        self._gen = 0
+        self._filter: str | None = None
+        self._batches: dict[int, int] = {}  # outstanding batch id -> session gen
+        self._epoch = 0
+        self._last_leader: tuple[str, int | None] | None = None
+        self._retry_after = 0.0
+
+    # -- properties of the contract -----------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The highest epoch seen (0 before the first reply)."""
+        return self._epoch
+
+    @property
+    def leader_url(self) -> str | None:
+        session = self._session
+        return session.url if session is not None else None
+
+    @property
+    def connected(self) -> bool:
+        return self._channel is not None
+
+    def _base(self) -> str:
+        return f"/v1/destinations/{self.destination}/clients/{self.client_id}"
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def connect(self) -> None:
+        """Start following the leader; without a gate open the session (rollback) now."""
+        with self._lock:
+            if self._channel is not None:
+                return
+            self._channel = HttpChannel(**self._channel_args)
+            self._resolver.start()
+            if self._gate is not None:
+                self._gate.start()
+                return
+        self._call("connect", lambda session: None)
+
+    def disconnect(self) -> None:
+        with self._lock:
+            if self._gate is not None:
+                self._gate.stop()
+            self._resolver.close()
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = None
+            self._session = None
+
+    def __enter__(self) -> Connector:
+        self.connect()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.disconnect()
+
+    # -- the calls ----------------------------------------------------------------------
+
+    def subscribe(self, filter: str = "") -> None:
+        """Subscribe (again) with ``filter``; kept and re-sent after every leader change."""
+        with self._lock:
+            self._filter = filter
+            if self._gate is not None and not self._gate.is_active():
+                return  # sent when this consumer becomes active
+            try:
+                self._call("subscribe", lambda s: self._put_subscription(s.url, filter))
+            except _Inactive:
+                return
+
+    def get_without_ack(self, size: int, timeout_s: float) -> Batch:
+        """Up to ``size`` entries, waiting up to ``timeout_s``; ack or roll back later."""
+        return self._get(size, timeout_s, auto_ack=False)
+
+    def get(self, size: int, timeout_s: float) -> Batch:
+        """Like ``get_without_ack`` but acknowledged by the server at once."""
+        return self._get(size, timeout_s, auto_ack=True)
+
+    def get_batch(self, batch_id: int) -> Batch:
+        """An outstanding batch again (``UnknownBatch`` once acked or rolled back)."""
+        with self._lock:
+
+            def op(session: _Session) -> Batch:
+                self._check_batch_session(batch_id, session)
+                reply = self._request(session, "GET", f"{self._base()}/batches/{batch_id}")
+                return Batch.from_wire(reply.body, reply.binary_as_base64)
+
+            try:
+                return self._call("get_batch", op)
+            except (_Inactive, _StaleBatch) as exc:
+                raise UnknownBatch(f"batch {batch_id}: {exc}") from exc
+
+    def ack(self, batch_id: int) -> None:
+        """Acknowledge every outstanding batch up to ``batch_id``."""
+        self._finish_batch("ack", batch_id, f"/batches/{batch_id}/ack")
+
+    def rollback(self, batch_id: int | None = None) -> None:
+        """Roll back ``batch_id`` and the later ones; None: every outstanding batch."""
+        if batch_id is None:
+            with self._lock:
+                try:
+                    self._call("rollback", self._rollback_all)
+                except _Inactive:
+                    return
+                self._batches.clear()
+            return
+        self._finish_batch("rollback", batch_id, f"/batches/{batch_id}/rollback")
+
+    def cursor(self) -> dict[str, Any] | None:
+        """The last acked position (LogPosition as a dict) or None; opens no session."""
+
+        def op(leader: Leader) -> dict[str, Any] | None:
+            channel = self._require_channel()
+            reply = channel.request(
+                "GET", leader.url, f"{self._base()}/cursor", follow_redirects=True
+            )
+            self._note_epoch(reply.epoch)
+            body = reply.body
+            if isinstance(body, dict) and "cursor" in body and "position" not in body:
+                body = body["cursor"]
+            return body if isinstance(body, dict) and body else None
+
+        with self._lock:
+            return self._call_leader("cursor", op)
+
+    # -- batches ------------------------------------------------------------------------
+
+    def _get(self, size: int, timeout_s: float, auto_ack: bool) -> Batch:
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise InvalidArgument("size", f"must be an int > 0, got {size!r}")
+        if timeout_s < 0:
+            raise InvalidArgument("timeout_s", f"must be >= 0, got {timeout_s!r}")
+        if self._gate is not None and not self._gate.wait_active(timeout_s):
+            return Batch.empty()
+        body = {"size": size, "timeout_ms": int(timeout_s * 1000), "auto_ack": auto_ack}
+        with self._lock:
+
+            def op(session: _Session) -> tuple[Batch, _Session]:
+                reply = self._request(
+                    session, "POST", f"{self._base()}/batches", body, extra_timeout_s=timeout_s
+                )
+                return Batch.from_wire(reply.body, reply.binary_as_base64), session
+
+            try:
+                batch, session = self._call("get_without_ack", op)
+            except _Inactive:
+                return Batch.empty()
+            if batch.id < 0:
+                return batch
+            if self._gate is not None and (
+                not self._gate.is_active() or self._gate.generation != session.gate_gen
+            ):
+                log.warning(
+                    "%s/%s: dropped batch %d: no longer the active consumer",
+                    self.destination,
+                    self.client_id,
+                    batch.id,
+                )
+                return Batch.empty()
+            if not auto_ack:
+                self._batches[batch.id] = session.gen
+            log.debug(
+                "%s/%s: batch %d (%d entries) from %s epoch %s",
+                self.destination,
+                self.client_id,
+                batch.id,
+                len(batch.entries),
+                session.url,
+                session.epoch,
+            )
+            return batch
+
+    def _finish_batch(self, what: str, batch_id: int, path: str) -> None:
+        with self._lock:
+
+            def op(session: _Session) -> None:
+                self._check_batch_session(batch_id, session)
+                self._request(session, "POST", self._base() + path)
+
+            try:
+                self._call(what, op)
+            except (_StaleBatch, _Inactive) as exc:
+                log.warning(
+                    "%s/%s: %s of batch %d dropped: %s; its entries will be delivered again",
+                    self.destination,
+                    self.client_id,
+                    what,
+                    batch_id,
+                    exc,
+                )
+            gen = self._batches.get(batch_id)
+            for bid in [b for b, g in self._batches.items() if g == gen]:
+                if bid <= batch_id if what == "ack" else bid >= batch_id:
+                    del self._batches[bid]
+            self._batches.pop(batch_id, None)
+
+    def _check_batch_session(self, batch_id: int, session: _Session) -> None:
+        gen = self._batches.get(batch_id)
+        if gen is not None and gen != session.gen:
+            raise _StaleBatch("rolled back by a reconnect to the leader since it was fetched")
+
+    # -- sessions -----------------------------------------------------------------------
+
+    def _call(self, what: str, op: Callable[[_Session], T]) -> T:
+        """Run ``op`` in a session, retrying per the policy (see the module docstring)."""
+
+        def attempt() -> T:
+            session = self._ensure_session()
+            try:
+                return op(session)
+            except Redirected as exc:
+                self._resolver.redirected(exc.leader_url)
+                self._drop_session(session)
+                raise _SessionLost(str(exc)) from exc
+            except _RETRYABLE as exc:
+                self._on_failure(session.url, exc)
+                self._drop_session(session)
+                raise
+
+        return self._retry.call(attempt, self._what(what), _RETRYABLE, self._logger(what))
+
+    def _call_leader(self, what: str, op: Callable[[Leader], T]) -> T:
+        """Run ``op`` against the current leader without a session (read-only calls)."""
+
+        def attempt() -> T:
+            self._require_channel()
+            leader = self._resolver.current()
+            if leader is None:
+                raise LeaderUnavailable(f"no leader known for {self.destination}")
+            try:
+                return op(leader)
+            except _RETRYABLE as exc:
+                self._on_failure(leader.url, exc)
+                raise
+
+        return self._retry.call(attempt, self._what(what), _RETRYABLE, self._logger(what))
+
+    def _what(self, what: str) -> str:
+        return f"{self.destination}/{self.client_id}: {what}"
+
+    def _on_failure(self, url: str, exc: BaseException) -> None:
+        if isinstance(exc, LeaderUnavailable) and exc.retry_after_s is not None:
+            self._retry_after = min(exc.retry_after_s, MAX_RETRY_AFTER_S)
+        if not isinstance(exc, _SessionLost):
+            self._resolver.failed(url)
+
+    def _ensure_session(self) -> _Session:
+        self._require_channel()
+        gate_gen = 0
+        if self._gate is not None:
+            gate_gen = self._gate.generation
+            if not self._gate.is_active():
+                self._session = None
+                raise _Inactive("this consumer is not the active one for its client id")
+        leader = self._resolver.current()
+        if leader is None:
+            raise LeaderUnavailable(f"no leader known for {self.destination}")
+        if leader.epoch is not None and leader.epoch < self._epoch:
+            raise StaleLeader(f"{leader.url} has epoch {leader.epoch} < {self._epoch}")
+        s = self._session
+        if (
+            s is not None
+            and s.url == leader.url
+            and s.gate_gen == gate_gen
+            and (leader.epoch is None or s.epoch is None or leader.epoch <= s.epoch)
+        ):
+            return s
+        return self._open_session(leader, gate_gen)
+
+    def _open_session(self, leader: Leader, gate_gen: int) -> _Session:
+        """Canal's processActiveEnter: subscribe with the last filter, then roll back."""
+        self._session = None
+        try:
+            url, epoch = self._enter(leader)
+        except _RETRYABLE as exc:
+            self._on_failure(leader.url, exc)
+            raise
+        self._gen += 1
+        self._session = _Session(self._gen, url, epoch, gate_gen)
+        self._log_leader(url, epoch)
+        return self._session
+
+    def _enter(self, leader: Leader) -> tuple[str, int | None]:
+        url, epochs = leader.url, [leader.epoch]
+        if self._filter is not None:
+            reply = self._put_subscription(url, self._filter, follow=True)
+            url, epochs = reply.url, [*epochs, reply.epoch]
+        if self.rollback_on_connect:
+            rolled = self._rollback_at(url)
+            if rolled is not None:
+                url, epochs = rolled.url, [*epochs, rolled.epoch]
+        if url != leader.url:
+            self._resolver.redirected(url)
+        epoch = max((e for e in epochs if e is not None), default=None)
+        self._note_epoch(epoch)
+        return url, epoch
+
+    def _log_leader(self, url: str, epoch: int | None) -> None:
+        previous, self._last_leader = self._last_leader, (url, epoch)
+        if previous is None:
+            log.info(
+                "%s/%s: connected to leader %s (epoch %s)",
+                self.destination,
+                self.client_id,
+                url,
+                epoch,
+            )
+        elif previous != (url, epoch):
+            log.warning(
+                "%s/%s: following leader change %s (epoch %s) -> %s (epoch %s)",
+                self.destination,
+                self.client_id,
+                previous[0],
+                previous[1],
+                url,
+                epoch,
+            )
+        else:
+            log.info("%s/%s: reconnected to leader %s", self.destination, self.client_id, url)
+
+    def _drop_session(self, session: _Session) -> None:
+        if self._session is session:
+            self._session = None
+
+    def _note_epoch(self, epoch: int | None) -> None:
+        if epoch is None:
+            return
+        if epoch < self._epoch:
+            raise StaleLeader(f"reply with epoch {epoch} < {self._epoch} seen: a stale leader")
+        self._epoch = epoch
+
+    # -- requests -----------------------------------------------------------------------
+
+    def _require_channel(self) -> HttpChannel:
+        channel = self._channel
+        if channel is None:
+            raise ClientError(f"{self.destination}/{self.client_id}: not connected")
+        return channel
+
+    def _request(
+        self,
+        session: _Session,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        extra_timeout_s: float = 0.0,
+    ) -> Reply:
+        reply = self._require_channel().request(
+            method, session.url, path, body, extra_timeout_s=extra_timeout_s
+        )
+        self._note_epoch(reply.epoch)
+        if reply.epoch is None or self._session is not session:
+            return reply
+        if session.epoch is None:
+            session.epoch = reply.epoch
+            self._last_leader = (session.url, reply.epoch)
+        elif reply.epoch != session.epoch:
+            raise _SessionLost(f"{session.url} now answers with epoch {reply.epoch}")
+        return reply
+
+    def _put_subscription(self, url: str, filter: str, follow: bool = False) -> Reply:
+        path = f"{self._base()}/subscription"
+        reply = self._require_channel().request(
+            "PUT", url, path, {"filter": filter}, follow_redirects=follow
+        )
+        self._note_epoch(reply.epoch)
+        return reply
+
+    def _rollback_at(self, url: str) -> Reply | None:
+        """Roll back every outstanding batch at ``url`` (following a redirect)."""
+        path = f"{self._base()}/rollback"
+        try:
+            reply = self._require_channel().request("POST", url, path, follow_redirects=True)
+        except NotSubscribed:
+            return None  # nothing to roll back yet (Canal ignores it too)
+        self._note_epoch(reply.epoch)
+        return reply
+
+    def _rollback_all(self, session: _Session) -> None:
+        try:
+            self._request(session, "POST", f"{self._base()}/rollback")
+        except NotSubscribed:
+            return
+
+    # -- waiting ------------------------------------------------------------------------
+
+    def _backoff_sleep(self, delay: float) -> None:
+        wait, self._retry_after = max(delay, self._retry_after), 0.0
+        self._resolver.wait_change(wait)
+
+    def _logger(self, what: str) -> Callable[[int, BaseException], None]:
+        def log_retry(attempt: int, exc: BaseException) -> None:
+            level = logging.INFO if attempt <= 3 else logging.WARNING
+            log.log(level, "%s: attempt %d failed: %s", self._what(what), attempt, exc)
+
+        return log_retry
+
+
+class _StaleBatch(ClientError):
+    """The batch was fetched in an earlier session (rolled back on reconnect)."""
+
+
+class SimpleConnector(Connector):
+    """One server URL; follows 307 redirects to the leader (Canal's SimpleCanalConnector)."""
+
+    def __init__(self, url: str, destination: str, client_id: str, **options: Any) -> None:
+        super().__init__(destination, client_id, StaticResolver([url]), **options)
+
+
+class ClusterConnector(Connector):
+    """Follows the leader by etcd's running key (``etcd=``) or over ``servers=`` URLs.
+
+    With etcd, ``exclusive=True`` adds the ClientRunningMonitor (one active consumer per
+    client id; ``election`` tunes it). ``coordinator`` injects a ready Coordinator
+    (tests); otherwise one ``EtcdCoordinator`` is made and closed on ``disconnect``.
+    """
+
+    def __init__(
+        self,
+        destination: str,
+        client_id: str,
+        etcd: Sequence[str] | None = None,
+        servers: Sequence[str] | None = None,
+        token: str | None = None,
+        retry: RetryPolicy | None = None,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        exclusive: bool = False,
+        election: ElectionConfig | None = None,
+        coordinator: Coordinator | None = None,
+        etcd_timeout_s: float = 2.0,
+        **options: Any,
+    ) -> None:
+        self._owned: Coordinator | None = None
+        gate: ActiveGate | None = None
+        if etcd or coordinator is not None:
+            coord = coordinator or self._make_coordinator(etcd or (), etcd_timeout_s)
+            keys = Keys(prefix)
+            resolver: LeaderResolver = EtcdResolver(coord, keys, destination)
+            if exclusive:
+                gate = ActiveGate(coord, keys, destination, client_id, election)
+        elif servers:
+            if exclusive:
+                raise ConfigError("exclusive", "needs etcd (the client running key)")
+            resolver = StaticResolver(servers)
+        else:
+            raise ConfigError("etcd", "give etcd endpoints or server URLs")
+        super().__init__(
+            destination, client_id, resolver, token=token, retry=retry, gate=gate, **options
+        )
+
+    def _make_coordinator(self, endpoints: Sequence[str], timeout_s: float) -> Coordinator:
+        from canal_cluster.etcd_coordinator import EtcdCoordinator
+
+        self._owned = EtcdCoordinator(list(endpoints), timeout_s=timeout_s)
+        return self._owned
+
+    def disconnect(self) -> None:
+        super().disconnect()
+        if self._owned is not None:
+            self._owned.close()
+            self._owned = None

@@ -1,0 +1,236 @@
+"""`canal-ha consume` and `canal-ha status`.
+
+``consume`` follows the leader (``--etcd``: by the running key, with the
+ClientRunningMonitor so one process per client id consumes; ``--server``: one URL or a
+comma-separated list, following 307), prints each entry (JSON Lines with ``--format
+json``: the entry's wire form; else one readable line) and acks each batch after
+printing and flushing it. It exits 0 after ``--max-entries`` entries or ``--idle-exit``
+seconds without entries; SIGTERM and Ctrl-C stop it cleanly (the batch being printed
+is not acked and comes again). Leader changes it follows are logged on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any, TextIO
+
+from canal_client.connector import ClusterConnector, Connector, SimpleConnector
+from canal_client.model import Batch, Column, Entry, EntryType
+from canal_client.status import format_table, status_from_etcd, status_from_server
+from canal_client.wire import HttpChannel
+from canal_cluster.cli import positive_int
+from canal_cluster.errors import ConfigError
+from canal_cluster.keys import DEFAULT_PREFIX, Keys
+from canal_cluster.running import ElectionConfig
+
+__all__ = ["consume", "format_entry", "register", "status"]
+
+TOKEN_ENV = "CANAL_TOKEN"
+
+
+def _endpoints(text: str) -> list[str]:
+    return [e.strip() for e in text.split(",") if e.strip()]
+
+
+def _source_options(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--etcd", type=_endpoints, help="etcd endpoints, comma separated")
+    src.add_argument("--server", type=_endpoints, help="server URL(s), comma separated")
+    p.add_argument("--prefix", default=DEFAULT_PREFIX, help="etcd key prefix")
+    p.add_argument("--token", default=None, help=f"bearer token (default: ${TOKEN_ENV})")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`consume` and `status`."""
+    p = sub.add_parser("consume", help="follow the leader and print each entry, ack per batch")
+    _source_options(p)
+    p.add_argument("--destination", required=True)
+    p.add_argument("--client-id", required=True)
+    p.add_argument("--batch-size", type=positive_int("--batch-size"), default=1000)
+    p.add_argument("--filter", default="", help="schema.table regex (Canal's filter)")
+    p.add_argument("--format", choices=("json", "text"), default="text")
+    p.add_argument("--max-entries", type=positive_int("--max-entries"), default=0,
+                   help="exit 0 after N entries (0 = never)")  # fmt: skip
+    p.add_argument("--idle-exit", type=float, default=0.0,
+                   help="exit 0 after S seconds without entries (0 = never)")  # fmt: skip
+    p.add_argument("--wire", choices=("msgpack", "json"), default="msgpack")
+    p.add_argument("--no-exclusive", action="store_true",
+                   help="with --etcd: do not take the client running key")  # fmt: skip
+    p.add_argument("--client-ttl", type=float, default=10.0, help="client running key TTL (s)")
+    p.add_argument("--switch-delay", type=float, default=5.0,
+                   help="wait before taking over from a vanished consumer (s)")  # fmt: skip
+    p.add_argument("--poll-timeout", type=float, default=1.0, help=argparse.SUPPRESS)
+    p.set_defaults(func=consume)
+
+    p = sub.add_parser("status", help="nodes, leaders, epochs, each client's cursor and lag")
+    _source_options(p)
+    p.add_argument("--format", choices=("json", "table"), default="table")
+    p.set_defaults(func=status)
+
+
+# -- consume ------------------------------------------------------------------------------
+
+
+def _election(args: argparse.Namespace) -> ElectionConfig:
+    ttl = args.client_ttl
+    if ttl <= 0 or args.switch_delay < 0:
+        raise ConfigError("--client-ttl", "must be > 0 (and --switch-delay >= 0)")
+    margin = min(2.0, ttl / 4)
+    return ElectionConfig(
+        ttl_s=ttl,
+        safety_margin_s=margin,
+        loop_interval_s=min(1.0, ttl / 10),
+        switch_delay_s=args.switch_delay,
+    )
+
+
+def _connector(args: argparse.Namespace) -> Connector:
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    common: dict[str, Any] = {"token": token, "wire": args.wire}
+    if args.etcd:
+        return ClusterConnector(
+            args.destination, args.client_id, etcd=args.etcd, prefix=args.prefix,
+            exclusive=not args.no_exclusive, election=_election(args),
+            etcd_timeout_s=min(2.0, args.client_ttl / 5), **common,
+        )  # fmt: skip
+    if len(args.server) == 1:
+        return SimpleConnector(args.server[0], args.destination, args.client_id, **common)
+    return ClusterConnector(args.destination, args.client_id, servers=args.server, **common)
+
+
+def _value_text(c: Column) -> str:
+    if c.is_null or c.value is None:
+        return f"{c.name}=NULL"
+    if isinstance(c.value, bytes):
+        return f"{c.name}=0x{c.value.hex()}"
+    return f"{c.name}={c.value!r}" if isinstance(c.value, str) else f"{c.name}={c.value}"
+
+
+def format_entry(entry: Entry, fmt: str) -> str:
+    """One line: the JSON wire form (``json``) or a readable line (``text``)."""
+    if fmt == "json":
+        return json.dumps(entry.to_json_wire(), ensure_ascii=False, separators=(",", ":"))
+    h = entry.header
+    when = datetime.datetime.fromtimestamp(h.timestamp_ms / 1000, datetime.UTC)
+    head = f"{when.isoformat(timespec='milliseconds')} {h.logfile}:{h.offset}"
+    if entry.type is EntryType.TRANSACTIONBEGIN:
+        return f"{head} BEGIN gtid={h.gtid}"
+    if entry.type is EntryType.TRANSACTIONEND:
+        return f"{head} COMMIT gtid={h.gtid}"
+    if entry.is_ddl or not entry.rows:
+        return f"{head} {h.event_type} {entry.full_name}: {entry.sql}"
+    rows = []
+    for r in entry.rows:
+        before = ", ".join(_value_text(c) for c in r.before)
+        after = ", ".join(_value_text(c) for c in r.after)
+        rows.append(f"[{before}] -> [{after}]" if before and after else f"[{before or after}]")
+    return f"{head} {h.event_type} {entry.full_name} {' | '.join(rows)}"
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _Printer:
+    """Prints batches and counts entries against --max-entries."""
+
+    def __init__(self, out: TextIO, fmt: str, max_entries: int) -> None:
+        self.out, self.fmt, self.max = out, fmt, max_entries
+        self.printed = 0
+
+    def room(self, batch_size: int) -> int:
+        return batch_size if not self.max else min(batch_size, self.max - self.printed)
+
+    def print_batch(self, batch: Batch) -> bool:
+        """Print what fits; True when the whole batch was printed."""
+        take = batch.entries if not self.max else batch.entries[: self.max - self.printed]
+        self.out.write("".join(format_entry(e, self.fmt) + "\n" for e in take))
+        self.out.flush()
+        self.printed += len(take)
+        return len(take) == len(batch.entries)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.max) and self.printed >= self.max
+
+
+def consume(args: argparse.Namespace) -> int:
+    client_log = logging.getLogger("canal_client")
+    if client_log.getEffectiveLevel() > logging.INFO:
+        client_log.setLevel(logging.INFO)  # leader changes followed go to stderr
+    if args.idle_exit < 0 or args.poll_timeout <= 0:
+        raise ConfigError("--idle-exit", "must be >= 0")
+    printer = _Printer(sys.stdout, args.format, args.max_entries)
+    connector = _connector(args)
+    with _sigterm_as_interrupt(), contextlib.suppress(KeyboardInterrupt):
+        try:
+            connector.connect()
+            connector.subscribe(args.filter)
+            _consume_loop(connector, printer, args)
+        except BrokenPipeError:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stdout is gone
+        finally:
+            connector.disconnect()
+    return 0
+
+
+def _consume_loop(connector: Connector, printer: _Printer, args: argparse.Namespace) -> None:
+    last = time.monotonic()
+    while not printer.done:
+        poll = args.poll_timeout
+        if args.idle_exit:
+            poll = max(0.05, min(poll, last + args.idle_exit - time.monotonic()))
+        batch = connector.get_without_ack(printer.room(args.batch_size), poll)
+        if batch.is_empty:
+            if args.idle_exit and time.monotonic() - last >= args.idle_exit:
+                return
+            continue
+        if printer.print_batch(batch):
+            connector.ack(batch.id)
+        else:
+            connector.rollback(batch.id)  # the rest comes again to the next consumer
+        last = time.monotonic()
+
+
+# -- status -------------------------------------------------------------------------------
+
+
+def status(args: argparse.Namespace) -> int:
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    if args.etcd:
+        from canal_cluster.etcd_coordinator import EtcdCoordinator
+
+        coord = EtcdCoordinator(args.etcd, timeout_s=2.0)
+        try:
+            data = status_from_etcd(coord, Keys(args.prefix))
+        finally:
+            coord.close()
+    else:
+        channel = HttpChannel(wire="json", token=token)
+        try:
+            data = status_from_server(channel, args.server[0].rstrip("/"))
+        finally:
+            channel.close()
+    if args.format == "json":
+        print(json.dumps(data, indent=2, sort_keys=True, default=str))
+    else:
+        format_table(data)
+    return 0

@@ -1,0 +1,115 @@
+"""ClientRunningMonitor for a connector: one active consumer per (destination, client id).
+
+``ActiveGate`` runs ``client_running_monitor`` on the client's running key. Only the
+holder consumes; the others wait in ``wait_active``. ``generation`` grows on every
+loss of the role, so the connector drops its session (the batches it had out are
+rolled back by whoever is active next, which rolls back on connect). When the active
+process dies, its key expires with its lease and a waiting one takes over after the
+switch delay (seed 002).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import threading
+import uuid
+
+from canal_cluster.coordinator import Coordinator
+from canal_cluster.keys import Keys
+from canal_cluster.running import ElectionConfig, RunningMonitor, client_running_monitor
+
+__all__ = ["ActiveGate", "consumer_node_name"]
+
+log = logging.getLogger("canal_client")
+
+
+def consumer_node_name() -> str:
+    """A name unique to this process: host, pid and a random suffix (a valid id)."""
+    host = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:40] or "host"
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class ActiveGate:
+    """Is this consumer the active one for its client id?"""
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        keys: Keys,
+        destination: str,
+        client_id: str,
+        config: ElectionConfig | None = None,
+        node: str | None = None,
+    ) -> None:
+        self.destination = destination
+        self.client_id = client_id
+        self.node = node or consumer_node_name()
+        self._cond = threading.Condition()
+        self._active_epoch: int | None = None
+        self._generation = 0
+        self._monitor: RunningMonitor = client_running_monitor(
+            coordinator,
+            keys,
+            destination,
+            client_id,
+            self.node,
+            config=config,
+            on_gained=self._gained,
+            on_lost=self._lost,
+        )
+        self._started = False
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._monitor.start()
+
+    def stop(self) -> None:
+        if self._started:
+            self._monitor.stop(release=True)
+            self._started = False
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def generation(self) -> int:
+        with self._cond:
+            return self._generation
+
+    def is_active(self) -> bool:
+        with self._cond:
+            active = self._active_epoch is not None
+        return active and self._monitor.is_leader()
+
+    def wait_active(self, timeout_s: float) -> bool:
+        with self._cond:
+            self._cond.wait_for(lambda: self._active_epoch is not None, timeout_s)
+        return self.is_active()
+
+    def _gained(self, epoch: int) -> None:
+        log.info(
+            "%s/%s: this consumer (%s) is now active (epoch %d)",
+            self.destination,
+            self.client_id,
+            self.node,
+            epoch,
+        )
+        with self._cond:
+            self._active_epoch = epoch
+            self._cond.notify_all()
+
+    def _lost(self, epoch: int) -> None:
+        log.warning(
+            "%s/%s: this consumer (%s) is no longer active (epoch %d)",
+            self.destination,
+            self.client_id,
+            self.node,
+            epoch,
+        )
+        with self._cond:
+            self._active_epoch = None
+            self._generation += 1
+            self._cond.notify_all()

@@ -1,0 +1,195 @@
+"""Rows, entry keys and offsets of the Spark source, without importing pyspark.
+
+One Spark row per changed row (``FIELDS`` in order):
+
+* ``before`` / ``after`` are ``map<string,string>``: column name → value as text, so one
+  schema fits every table. NULL is a null map value; integers (unsigned included) are
+  decimal text; DECIMAL, temporal and JSON values are the lossless strings of the wire;
+  binary values are base64. Missing image (``before`` of an INSERT, ``after`` of a
+  DELETE, both of DDL) is a null map.
+* ``primary_key`` is the JSON object of the key columns in table order with values as in
+  the maps, e.g. ``{"id":"42"}`` (of ``after``, of ``before`` for DELETE); null when the
+  table has no key and for DDL.
+* A DDL entry gives one row with ``is_ddl = true``, its ``sql`` and null maps.
+* ``(logfile, offset, row_index)`` identifies a change: the binlog event and the row in
+  it.
+
+Entries are ordered by their **key** ``(logfile, offset)`` (the event's start in the
+binlog of the database the destination reads), which is also how the source recognises
+entries a server delivers twice. An **offset** of the source is the JSON dict
+``{"v": 1, "total": n, "last": {"file": f, "pos": p}, "batches": [ids]}``: ``total``
+entries since the query began, the key of the last of them, and the server batches
+they came in (the batch ids are a hint for re-fetching; the key and the count are what
+makes a replay exact).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = [
+    "FIELDS",
+    "MIN_KEY",
+    "EntryKey",
+    "Offset",
+    "entry_key",
+    "entry_rows",
+    "entry_timestamp_ms",
+    "value_text",
+]
+
+FIELDS: tuple[tuple[str, str], ...] = (
+    ("schema", "string"),
+    ("table", "string"),
+    ("event_type", "string"),
+    ("is_ddl", "boolean"),
+    ("sql", "string"),
+    ("gtid", "string"),
+    ("logfile", "string"),
+    ("offset", "bigint"),
+    ("row_index", "int"),
+    ("server_id", "bigint"),
+    ("commit_ts", "timestamp"),
+    ("before", "map<string,string>"),
+    ("after", "map<string,string>"),
+    ("primary_key", "string"),
+)
+
+Row = tuple[Any, ...]
+_SEQ = re.compile(r"\.(\d+)$")
+
+
+@dataclass(frozen=True, order=True)
+class EntryKey:
+    """Binlog order of an entry: (file base name, file number, event start)."""
+
+    base: str
+    number: int
+    pos: int
+    file: str
+
+    @classmethod
+    def of(cls, file: str, pos: int) -> EntryKey:
+        m = _SEQ.search(file)
+        if m is None:
+            return cls(file, -1, pos, file)
+        return cls(file[: m.start()], int(m.group(1)), pos, file)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "pos": self.pos}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EntryKey:
+        return cls.of(str(d["file"]), int(d["pos"]))
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.pos}" if self.file else "(start)"
+
+
+MIN_KEY = EntryKey.of("", 0)
+
+
+@dataclass(frozen=True)
+class Offset:
+    """A point of the stream: ``total`` entries so far, the last one's key, its batches."""
+
+    total: int = 0
+    last: EntryKey = MIN_KEY
+    batches: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "v": 1,
+            "total": self.total,
+            "last": self.last.to_dict(),
+            "batches": [*self.batches],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Offset:
+        if d.get("v") != 1:
+            raise ValueError(f"not an offset of the canal source: {d!r}")
+        return cls(
+            int(d["total"]), EntryKey.from_dict(d["last"]), tuple(int(b) for b in d["batches"])
+        )
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    """Attribute of a model object or key of a wire dict."""
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def _text(value: Any) -> str:
+    return str(getattr(value, "value", value))
+
+
+def entry_key(entry: Any) -> EntryKey:
+    header = _get(entry, "header")
+    return EntryKey.of(str(_get(header, "logfile", "")), int(_get(header, "offset", 0)))
+
+
+def entry_timestamp_ms(entry: Any) -> int:
+    return int(_get(_get(entry, "header"), "timestamp_ms", 0))
+
+
+def value_text(value: Any, is_null: bool = False) -> str | None:
+    """A column value as map text (see the module docstring)."""
+    if is_null or value is None:
+        return None
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def _image(columns: Any) -> dict[str, str | None] | None:
+    if not columns:
+        return None
+    return {
+        str(_get(c, "name")): value_text(_get(c, "value"), bool(_get(c, "is_null", False)))
+        for c in columns
+    }
+
+
+def _primary_key(columns: Any) -> str | None:
+    keys = {
+        str(_get(c, "name")): value_text(_get(c, "value"), bool(_get(c, "is_null", False)))
+        for c in columns or ()
+        if _get(c, "is_key", False)
+    }
+    return json.dumps(keys, separators=(",", ":"), ensure_ascii=False) if keys else None
+
+
+def entry_rows(entry: Any) -> list[Row]:
+    """The Spark rows of one entry (model object or API.md wire dict), in ``FIELDS`` order."""
+    if _text(_get(entry, "type")) != "ROWDATA":
+        return []
+    h = _get(entry, "header")
+    event_type = _text(_get(h, "event_type", ""))
+    ts = datetime.fromtimestamp(int(_get(h, "timestamp_ms", 0)) / 1000, tz=UTC)
+    common = (str(_get(h, "schema", "")), str(_get(h, "table", "")), event_type)
+    where = (
+        str(_get(h, "gtid", "")),
+        str(_get(h, "logfile", "")),
+        int(_get(h, "offset", 0)),
+    )
+    server_id = int(_get(h, "server_id", 0))
+    if _get(entry, "is_ddl", False):
+        sql = str(_get(entry, "sql", "") or "")
+        return [(*common, True, sql, *where, 0, server_id, ts, None, None, None)]
+    rows: list[Row] = []
+    for index, change in enumerate(_get(entry, "rows", ()) or ()):
+        before, after = _get(change, "before", ()), _get(change, "after", ())
+        key = _primary_key(before if event_type == "DELETE" else after or before)
+        image = (_image(before), _image(after), key)
+        rows.append((*common, False, None, *where, index, server_id, ts, *image))
+    return rows

@@ -1,0 +1,231 @@
+"""HTTP exchanges with one server node: body codec, status → exception, redirects, epoch.
+
+``HttpChannel.request`` sends one call of API.md to a node's base URL and returns a
+``Reply`` (decoded body, the node's ``X-Canal-Epoch``, the base URL that answered).
+msgpack is the default body format (``Accept``/``Content-Type: application/msgpack``);
+``"json"`` is the alternative. With ``follow_redirects`` a 307 is followed to the
+leader (``X-Canal-Leader``, else ``Location``) a few hops deep; without it a 307
+raises ``Redirected`` carrying the leader's base URL.
+
+Failures become the exception tree of ``canal_cluster.errors``: transport errors →
+``ServerUnreachable``; 503 → ``LeaderUnavailable`` (with ``Retry-After``); 401 →
+``Unauthorized``; 400 → ``InvalidArgument``; 404/409 → ``UnknownBatch`` /
+``UnknownDestination`` / ``NotSubscribed`` by the body's error code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import httpx
+import msgpack
+
+from canal_cluster.errors import (
+    CanalError,
+    InvalidArgument,
+    LeaderUnavailable,
+    NotSubscribed,
+    ServerUnreachable,
+    Unauthorized,
+    UnexpectedResponse,
+    UnknownBatch,
+    UnknownDestination,
+)
+
+__all__ = [
+    "EPOCH_HEADER",
+    "LEADER_HEADER",
+    "HttpChannel",
+    "Redirected",
+    "Reply",
+    "WireFormat",
+    "base_url_of",
+    "error_for",
+]
+
+WireFormat = Literal["msgpack", "json"]
+EPOCH_HEADER = "X-Canal-Epoch"
+LEADER_HEADER = "X-Canal-Leader"
+MSGPACK = "application/msgpack"
+MAX_REDIRECTS = 5
+
+
+class Redirected(CanalError):
+    """A 307 to the leader at ``leader_url`` (raised when redirects are not followed)."""
+
+    def __init__(self, leader_url: str, epoch: int | None) -> None:
+        super().__init__(f"redirected to the leader at {leader_url}")
+        self.leader_url = leader_url
+        self.epoch = epoch
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A successful answer: decoded body, its format, the epoch header and who answered."""
+
+    body: Any
+    binary_as_base64: bool
+    epoch: int | None
+    url: str
+
+
+def base_url_of(url: str) -> str:
+    """``http://h:p/v1/destinations/...`` → ``http://h:p`` (keeps a path prefix before /v1)."""
+    parts = urlsplit(url)
+    path = parts.path.split("/v1/", 1)[0].rstrip("/") if "/v1/" in parts.path else ""
+    return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+def _epoch(headers: httpx.Headers) -> int | None:
+    raw = headers.get(EPOCH_HEADER)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def _decode(response: httpx.Response) -> tuple[Any, bool]:
+    """(body, binary_as_base64) by Content-Type; empty bodies decode to None."""
+    if not response.content:
+        return None, False
+    ctype = response.headers.get("content-type", "")
+    try:
+        if MSGPACK in ctype:
+            return msgpack.unpackb(response.content, raw=False, strict_map_key=False), False
+        return json.loads(response.content), True
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise UnexpectedResponse(f"{response.request.url}: undecodable {ctype!r} body") from exc
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    try:
+        return max(0.0, float(headers["retry-after"]))
+    except (KeyError, ValueError):
+        return None
+
+
+def error_for(response: httpx.Response) -> CanalError:
+    """The exception for an error status (API.md: ``{"error": code, "message": …}``)."""
+    try:
+        body, _ = _decode(response)
+    except UnexpectedResponse:
+        body = None
+    body = body if isinstance(body, dict) else {}
+    code = str(body.get("error", "")).lower()
+    message = str(body.get("message") or body.get("detail") or code or response.reason_phrase)
+    where = f"{response.request.method} {response.request.url.path}"
+    status = response.status_code
+    if status == 503:
+        return LeaderUnavailable(f"{where}: {message}", _retry_after(response.headers))
+    if status == 401:
+        return Unauthorized(f"{where}: {message}")
+    if status == 400:
+        return InvalidArgument(str(body.get("field") or code or "request"), message)
+    if status in (404, 409):
+        if "subscri" in code:
+            return NotSubscribed(f"{where}: {message}")
+        if "destination" in code:
+            return UnknownDestination(f"{where}: {message}")
+        if "batch" in code or status == 409 or "/batches/" in where:
+            return UnknownBatch(f"{where}: {message}")
+        return UnexpectedResponse(f"{where}: {status} {message}")
+    if status in (502, 504):
+        return ServerUnreachable(f"{where}: {status} {message}")
+    return UnexpectedResponse(f"{where}: {status} {message}")
+
+
+class HttpChannel:
+    """Calls of API.md against node base URLs through one pooled ``httpx.Client``."""
+
+    def __init__(
+        self,
+        wire: WireFormat = "msgpack",
+        token: str | None = None,
+        timeout_s: float = 10.0,
+        connect_timeout_s: float = 3.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if wire not in ("msgpack", "json"):
+            raise ValueError(f"wire must be 'msgpack' or 'json', not {wire!r}")
+        self.wire: WireFormat = wire
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        headers = {"Accept": MSGPACK if wire == "msgpack" else "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._client = httpx.Client(
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            follow_redirects=False,
+            transport=transport,
+            trust_env=False,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def request(
+        self,
+        method: str,
+        base_url: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        follow_redirects: bool = False,
+        extra_timeout_s: float = 0.0,
+    ) -> Reply:
+        """One call; ``extra_timeout_s`` extends the read timeout (long polls)."""
+        url = base_url
+        for _ in range(MAX_REDIRECTS + 1):
+            response = self._send(method, url + path, body, extra_timeout_s)
+            if response.status_code != 307:
+                return self._reply(response, url)
+            leader = self._leader_of(response)
+            if not follow_redirects:
+                raise Redirected(leader, _epoch(response.headers))
+            url = leader
+        raise UnexpectedResponse(f"{method} {path}: more than {MAX_REDIRECTS} redirects")
+
+    def get_text(self, base_url: str, path: str) -> str:
+        """A plain-text GET (``/metrics``)."""
+        response = self._send("GET", base_url + path, None, 0.0)
+        if response.status_code >= 300:
+            raise error_for(response)
+        return response.text
+
+    def _send(
+        self, method: str, url: str, body: dict[str, Any] | None, extra_timeout_s: float
+    ) -> httpx.Response:
+        content, headers = None, {}
+        if body is not None:
+            if self.wire == "msgpack":
+                content, headers = msgpack.packb(body), {"Content-Type": MSGPACK}
+            else:
+                content = json.dumps(body).encode()
+                headers = {"Content-Type": "application/json"}
+        timeout = httpx.Timeout(self.timeout_s + extra_timeout_s, connect=self.connect_timeout_s)
+        try:
+            return self._client.request(
+                method, url, content=content, headers=headers, timeout=timeout
+            )
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+
+    @staticmethod
+    def _leader_of(response: httpx.Response) -> str:
+        leader = response.headers.get(LEADER_HEADER) or response.headers.get("location")
+        if not leader:
+            raise UnexpectedResponse(f"{response.request.url}: 307 without Location")
+        if leader.startswith("/"):  # relative Location
+            leader = str(response.request.url.join(leader))
+        return base_url_of(leader) if "/v1/" in leader else leader.rstrip("/")
+
+    @staticmethod
+    def _reply(response: httpx.Response, url: str) -> Reply:
+        if response.status_code >= 300:
+            raise error_for(response)
+        body, b64 = _decode(response)
+        return Reply(body, b64, _epoch(response.headers), url)

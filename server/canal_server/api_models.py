@@ -1,0 +1,155 @@
+"""Request and response models of the REST API (validation and the OpenAPI schema).
+
+Requests are validated strictly (no string → int coercion, unknown fields refused);
+responses are documented here but written by the routes themselves, as JSON or
+msgpack (``Accept: application/msgpack``). In msgpack, binary column values are
+bytes; in JSON they are base64 strings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from canal_server.embedded import MAX_BATCH_SIZE, MAX_TIMEOUT_S
+
+__all__ = [
+    "MAX_FILTER_LEN",
+    "MAX_TIMEOUT_MS",
+    "AckOut",
+    "BatchOut",
+    "BatchRequest",
+    "ClusterOut",
+    "CursorOut",
+    "ErrorBody",
+    "HealthOut",
+    "RollbackOut",
+    "SubscriptionOut",
+    "SubscriptionRequest",
+    "UnsubscribeOut",
+]
+
+MAX_TIMEOUT_MS = int(MAX_TIMEOUT_S * 1000)
+MAX_FILTER_LEN = 4096
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class SubscriptionRequest(_Request):
+    filter: str = Field(
+        default="",
+        max_length=MAX_FILTER_LEN,
+        description="comma-separated regexes on schema.table (Canal syntax); empty = all",
+    )
+
+
+class BatchRequest(_Request):
+    size: int = Field(default=1000, ge=1, le=MAX_BATCH_SIZE, description="max entries in the batch")
+    timeout_ms: int = Field(default=0, ge=0, le=MAX_TIMEOUT_MS, description="long-poll wait")
+    auto_ack: bool = Field(default=False, description="true: Canal's get (ack at once)")
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="machine-readable code, e.g. invalid_argument")
+    message: str
+    field: str | None = Field(default=None, description="the bad input, for invalid_argument")
+    leader: str | None = Field(default=None, description="leader URL, for not_leader")
+
+
+class Position(BaseModel):
+    identity: dict[str, Any]
+    position: dict[str, Any]
+
+
+class ColumnOut(BaseModel):
+    name: str
+    value: Any = Field(description="int, str (DECIMAL, temporal ISO-8601, JSON text), bytes")
+    is_key: bool
+    updated: bool
+    mysql_type: str
+    is_null: bool
+
+
+class RowOut(BaseModel):
+    before: list[ColumnOut]
+    after: list[ColumnOut]
+
+
+class HeaderOut(BaseModel):
+    logfile: str
+    offset: int
+    end_offset: int
+    server_id: int
+    timestamp_ms: int
+    gtid: str
+    schema_: str = Field(alias="schema")
+    table: str
+    event_type: str
+
+
+class EntryOut(BaseModel):
+    type: str = Field(description="TRANSACTIONBEGIN, ROWDATA or TRANSACTIONEND")
+    header: HeaderOut
+    is_ddl: bool
+    sql: str
+    rows: list[RowOut]
+
+
+class BatchOut(BaseModel):
+    id: int = Field(description="-1 when nothing arrived within the timeout")
+    entries: list[EntryOut]
+    start: Position | None = None
+    end: Position | None = None
+
+
+class SubscriptionOut(BaseModel):
+    destination: str
+    client_id: str
+    filter: str
+
+
+class UnsubscribeOut(BaseModel):
+    destination: str
+    client_id: str
+    subscribed: bool
+
+
+class AckOut(BaseModel):
+    acked: int
+
+
+class RollbackOut(BaseModel):
+    rolled_back: int | None = Field(description="the batch id, or null for all")
+
+
+class CursorOut(BaseModel):
+    cursor: Position | None
+
+
+class ReaderOut(BaseModel):
+    state: str = Field(description="idle, finding, running, retrying or failed")
+    error: str = Field(description="last reader error, e.g. a purged binlog position")
+    error_type: str
+    start: dict[str, Any] | None
+
+
+class DestinationHealth(BaseModel):
+    role: str = Field(description="leader, standby, fenced or starting")
+    epoch: int
+    leader_node: str | None
+    leader_url: str | None
+    reader: ReaderOut
+
+
+class HealthOut(BaseModel):
+    node: str
+    url: str
+    destinations: dict[str, DestinationHealth]
+
+
+class ClusterOut(BaseModel):
+    nodes: list[dict[str, Any]]
+    destinations: dict[str, dict[str, Any]]

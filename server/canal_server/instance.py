@@ -1,0 +1,328 @@
+"""One destination of a node (Canal's CanalInstance), wired in plain code.
+
+``build_instance(config, coordinator, keys, ...)`` returns an ``Instance`` whose
+``on_gained(epoch)`` / ``on_lost(epoch)`` are the destination's RunningMonitor
+callbacks. Per leadership term (a ``_Term``) it owns::
+
+    BinlogReader (own thread) → EventSink (instance filter) → EventStore → EmbeddedServer
+                      ↑ PositionFinder ← Failback(Memory → Meta min cursor)
+
+* gained: activate the PeriodicMetaManager (loads subscriptions, cursors and marks
+  from etcd), build the store and the EmbeddedServer (it registers the restored
+  clients), then the reader thread finds the start position and reads;
+* lost / fenced: stop serving and parsing at once (store closed → waiting long polls
+  end, reader stopped, the sink refuses anything once the monitor no longer vouches
+  for the epoch), forget the memory position of the thrown-away store, final meta
+  flush (fenced: only lands while the epoch is still valid).
+
+``serving()`` gives the EmbeddedServer only while the term is ready AND the monitor
+still confirms its epoch, so a leader that fenced itself answers 503 at once.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from canal_cluster.coordinator import Coordinator
+from canal_cluster.errors import (
+    BinlogConfigError,
+    PositionNotFound,
+    PurgedPosition,
+    StoreClosed,
+)
+from canal_cluster.keys import Keys
+from canal_cluster.periodic_meta import PeriodicMetaManager
+from canal_cluster.retry import RetryPolicy
+from canal_cluster.running import RunningMonitor
+from canal_server.config import DestinationConfig, SourceSection, dsn_of
+from canal_server.embedded import EmbeddedServer
+from canal_server.entry import Entry
+from canal_server.filter import EventFilter, EventSink
+from canal_server.finder import ConfiguredPosition, DatabaseLink, FinderConfig, PositionFinder
+from canal_server.logposition import (
+    FailbackLogPositionManager,
+    MemoryLogPositionManager,
+    MetaLogPositionManager,
+)
+from canal_server.metrics import InstanceMetrics
+from canal_server.reader import BinlogReader, DetectingConfig, ReaderConfig, RunResult
+from canal_server.store import EventStore
+
+__all__ = ["Instance", "ReaderStatus", "Role", "build_instance"]
+
+log = logging.getLogger(__name__)
+FATAL_RETRY_S = 10.0  # purged / misconfigured binlog: retry slowly, the operator must act
+
+
+class Role(enum.StrEnum):
+    LEADER = "leader"
+    STANDBY = "standby"
+    FENCED = "fenced"
+    STARTING = "starting"
+
+
+@dataclass(frozen=True)
+class ReaderStatus:
+    """What the reader of the current term is doing; ``error`` is for operators."""
+
+    state: str = "idle"  # idle | finding | running | retrying | failed
+    error: str = ""
+    error_type: str = ""
+    start: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "error": self.error,
+            "error_type": self.error_type,
+            "start": self.start,
+        }
+
+
+def _configured(source: SourceSection | None) -> ConfiguredPosition | None:
+    if source is None:
+        return None
+    return ConfiguredPosition(
+        source.address, source.journal_name, source.position, source.timestamp, source.gtid
+    )
+
+
+class _Term:
+    """Everything one leadership term builds; thrown away when it ends."""
+
+    def __init__(self, inst: Instance, epoch: int) -> None:
+        cfg = inst.config
+        self.epoch = epoch
+        self.stop = threading.Event()
+        self.ready = False
+        self.status = ReaderStatus()
+        self.store = EventStore(cfg.name, cfg.memory.buffer_size, cfg.memory.buffer_bytes)
+        self.memory = MemoryLogPositionManager()
+        meta_positions = MetaLogPositionManager(lambda d: inst.meta)
+        self.positions = FailbackLogPositionManager(self.memory, meta_positions)
+        flt = cfg.filter
+        self.sink = EventSink(
+            cfg.name,
+            EventFilter(flt.regex, flt.black_regex, flt.heartbeat_table),
+            self.store,
+            self.positions,
+        )
+        self.server: EmbeddedServer | None = None
+        self.reader = BinlogReader(inst.reader_config(), self._sink_guard(inst))
+        self.finder = PositionFinder(inst.finder_config(), self.positions)
+        self.thread: threading.Thread | None = None
+
+    def _sink_guard(self, inst: Instance) -> Any:
+        def sink(entries: Sequence[Entry]) -> None:
+            monitor = inst.monitor
+            if self.stop.is_set() or (monitor is not None and monitor.leader_epoch() != self.epoch):
+                raise StoreClosed(f"{inst.config.name}: epoch {self.epoch} ended")
+            self.sink.sink(entries, self.reader.identity)
+            if inst.metrics is not None:
+                inst.metrics.parsed(entries)
+
+        return sink
+
+
+class Instance:
+    """A destination on this node; see the module docstring."""
+
+    def __init__(
+        self,
+        config: DestinationConfig,
+        coordinator: Coordinator,
+        keys: Keys,
+        flush_period_ms: int = 1000,
+        metrics: InstanceMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self.metrics = metrics
+        self.monitor: RunningMonitor | None = None
+        self.meta = PeriodicMetaManager(
+            coordinator, keys, config.name, flush_period_ms, on_fenced=self._on_fenced
+        )
+        self._lock = threading.Lock()
+        self._term: _Term | None = None
+        self._closing = False
+        self.last_status = ReaderStatus()
+
+    # -- wiring ---------------------------------------------------------------------
+
+    def attach(self, monitor: RunningMonitor) -> None:
+        self.monitor = monitor
+
+    def reader_config(self) -> ReaderConfig:
+        c = self.config
+        d = c.detecting
+        return ReaderConfig(
+            master=dsn_of(c, c.master),
+            slave_id=c.effective_slave_id,
+            standby=dsn_of(c, c.standby) if c.standby is not None else None,
+            gtid_mode=c.gtid_mode,
+            transaction_size=c.transaction_size,
+            heartbeat_s=c.heartbeat_s,
+            detecting=DetectingConfig(
+                d.enable, d.interval_s, d.sql, d.retry_threshold, d.timeout_s
+            ),
+            destination=c.name,
+        )
+
+    def finder_config(self) -> FinderConfig:
+        c = self.config
+        return FinderConfig(
+            destination=c.name,
+            master=_configured(c.master) or ConfiguredPosition(),
+            standby=_configured(c.standby),
+            gtid_mode=c.gtid_mode,
+            fallback_interval_s=c.fallback_interval_s,
+            dump_error_threshold=c.dump_error_threshold,
+            slave_id=c.effective_slave_id,
+        )
+
+    # -- what the API asks -------------------------------------------------------------
+
+    def serving(self) -> tuple[EmbeddedServer, int] | None:
+        """(server, epoch) while this node may serve the destination, else None."""
+        term = self._term
+        monitor = self.monitor
+        if term is None or not term.ready or term.server is None or self._closing:
+            return None
+        if monitor is None or monitor.leader_epoch() != term.epoch:
+            return None
+        return term.server, term.epoch
+
+    def role(self) -> tuple[Role, int | None]:
+        term = self._term
+        if term is None:
+            return Role.STANDBY, None
+        if self.serving() is not None:
+            return Role.LEADER, term.epoch
+        monitor = self.monitor
+        starting = not term.ready and not self._closing
+        if starting and monitor is not None and monitor.leader_epoch() == term.epoch:
+            return Role.STARTING, term.epoch
+        return Role.FENCED, term.epoch
+
+    def reader_status(self) -> ReaderStatus:
+        term = self._term
+        return term.status if term is not None else self.last_status
+
+    def store_stats(self) -> tuple[int, int]:
+        term = self._term
+        return term.store.stats() if term is not None else (0, 0)
+
+    # -- monitor callbacks ---------------------------------------------------------------
+
+    def on_gained(self, epoch: int) -> None:
+        log.info("%s: gained (epoch %d): loading meta", self.name, epoch)
+        self.meta.activate(epoch)
+        term = _Term(self, epoch)
+        with self._lock:
+            self._term = term
+        term.server = EmbeddedServer(self.name, term.store, self.meta)
+        term.thread = threading.Thread(
+            target=self._read_loop, args=(term,), name=f"reader {self.name}", daemon=True
+        )
+        term.thread.start()
+        term.ready = True
+        if self.metrics is not None:
+            self.metrics.won()
+        log.info("%s: serving (epoch %d)", self.name, epoch)
+
+    def on_lost(self, epoch: int) -> None:
+        with self._lock:
+            term, self._term = self._term, None
+        if term is not None:
+            self._stop_term(term)
+            self.last_status = term.status
+        self.meta.deactivate(final_flush=True)
+        if self.metrics is not None:
+            self.metrics.lost()
+        log.info("%s: stopped serving (epoch %d)", self.name, epoch)
+
+    def _on_fenced(self, epoch: int) -> None:
+        if self.monitor is not None:
+            self.monitor.report_fenced(epoch)
+
+    def close_serving(self) -> None:
+        """Stop answering and parsing now (SIGTERM); leases are released later."""
+        self._closing = True
+        term = self._term
+        if term is not None:
+            term.ready = False
+            term.stop.set()
+            term.store.stop()
+            term.reader.stop()
+
+    def _stop_term(self, term: _Term) -> None:
+        term.ready = False
+        term.stop.set()
+        term.store.stop()  # wakes waiting long polls and a blocked put
+        term.reader.stop()
+        term.memory.forget(self.name)
+        if term.thread is not None:
+            term.thread.join(5.0)
+            if term.thread.is_alive():
+                log.warning("%s: reader of epoch %d still stopping", self.name, term.epoch)
+
+    # -- the reader thread ---------------------------------------------------------------
+
+    def _read_loop(self, term: _Term) -> None:
+        delays = RetryPolicy(0.2, 2.0, 5.0).delays()
+        while not term.stop.is_set():
+            try:
+                if self._read_once(term) == RunResult.STOPPED:
+                    break
+                delays = RetryPolicy(0.2, 2.0, 5.0).delays()
+            except StoreClosed:
+                break
+            except Exception as exc:
+                if term.stop.is_set():
+                    break
+                fatal = isinstance(exc, PurgedPosition | BinlogConfigError | PositionNotFound)
+                wait = FATAL_RETRY_S if fatal else next(delays)
+                term.status = ReaderStatus(
+                    "failed" if fatal else "retrying", str(exc), type(exc).__name__
+                )
+                if self.metrics is not None:
+                    self.metrics.reader_error()
+                log.error(
+                    "%s: binlog reader failed (epoch %d), retrying in %.1fs: %s: %s",
+                    self.name, term.epoch, wait, type(exc).__name__, exc,
+                )  # fmt: skip
+                term.stop.wait(wait)
+        term.status = ReaderStatus(
+            "idle", term.status.error, term.status.error_type, term.status.start
+        )
+
+    def _read_once(self, term: _Term) -> str:
+        reader = term.reader
+        term.status = ReaderStatus("finding")
+        link = DatabaseLink.connect(reader.source, self.config.effective_slave_id)
+        found = term.finder.find(link, dump_errors=reader.dump_error_count)
+        if term.stop.is_set():
+            return RunResult.STOPPED
+        start = found.position
+        term.status = ReaderStatus(
+            "running", start={**start.to_dict(), "reasons": [str(r) for r in found.reasons]}
+        )
+        log.info("%s: reading from %s (epoch %d)", self.name, start, term.epoch)
+        return reader.run(start)
+
+
+def build_instance(
+    config: DestinationConfig,
+    coordinator: Coordinator,
+    keys: Keys,
+    *,
+    flush_period_ms: int = 1000,
+    metrics: InstanceMetrics | None = None,
+) -> Instance:
+    """The wired destination; attach its RunningMonitor with ``attach`` before starting it."""
+    return Instance(config, coordinator, keys, flush_period_ms, metrics)

@@ -1,0 +1,276 @@
+"""The node process minus HTTP: etcd registration, one RunningMonitor per destination.
+
+``Node(config).start()``:
+
+* registers ``{p}/cluster/{node}`` and ``{p}/destinations/{d}/cluster/{node}`` under a
+  node lease kept alive by a thread; after an outage (lease expired) it grants a new
+  lease and registers again;
+* builds one ``Instance`` per destination and its server RunningMonitor;
+* keeps a cache of each destination's leader record (a watch on its running key,
+  refreshed by the registration loop), for the standby redirect.
+
+``stop()`` releases every destination (final meta flush while the epoch holds),
+revokes the node lease and closes the coordinator. ``close_serving()`` is the quick
+first half (SIGTERM): stop answering and parsing at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from canal_cluster.coordinator import Coordinator, Lease, Watch, WatchEvent, WatchEventType
+from canal_cluster.errors import CoordinationError, Fenced, UnknownDestination
+from canal_cluster.etcd_coordinator import EtcdCoordinator
+from canal_cluster.keys import Keys
+from canal_cluster.running import RunningInfo, RunningMonitor, read_running, server_running_monitor
+from canal_server.config import NodeConfig
+from canal_server.instance import Instance, Role, build_instance
+from canal_server.metrics import ClientGauge, DestinationGauges, NodeMetrics
+
+__all__ = ["DestinationView", "Node"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DestinationView:
+    """What the API needs to route one request for a destination."""
+
+    role: Role
+    epoch: int  # ours when leading, else the known leader's (0 = unknown)
+    leader: RunningInfo | None
+
+
+class Node:
+    def __init__(self, config: NodeConfig, coordinator: Coordinator | None = None) -> None:
+        self.config = config
+        self.id = config.node.id
+        self.url = config.advertise_url
+        self.keys = Keys(config.etcd.prefix)
+        self.coord = coordinator or EtcdCoordinator(
+            config.etcd.endpoints, timeout_s=config.etcd.timeout_s
+        )
+        self.metrics = NodeMetrics()
+        self.instances: dict[str, Instance] = {}
+        self.monitors: dict[str, RunningMonitor] = {}
+        self._leaders: dict[str, RunningInfo | None] = {}
+        self._watches: list[Watch] = []
+        self._lease: Lease | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        election = config.election.election_config()
+        for name, dest in config.destinations.items():
+            inst = build_instance(
+                dest,
+                self.coord,
+                self.keys,
+                flush_period_ms=config.meta.flush_period_ms,
+                metrics=self.metrics.instance(name),
+            )
+            monitor = server_running_monitor(
+                self.coord, self.keys, name, self.id, self.url, election,
+                on_gained=inst.on_gained, on_lost=inst.on_lost,
+            )  # fmt: skip
+            inst.attach(monitor)
+            self.instances[name] = inst
+            self.monitors[name] = monitor
+            self._leaders[name] = None
+        self.metrics.watch_state(self)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> Node:
+        for name in self.instances:
+            key = self.keys.running(name)
+            self._watches.append(self.coord.watch(key, self._leader_watch(name)))
+        self._register()
+        self._refresh_leaders()
+        self._thread = threading.Thread(target=self._keepalive_loop, name="node-lease", daemon=True)
+        self._thread.start()
+        for monitor in self.monitors.values():
+            monitor.start()
+        log.info(
+            "node %s up at %s (destinations: %s)", self.id, self.url, ", ".join(self.instances)
+        )
+        return self
+
+    def close_serving(self) -> None:
+        for inst in self.instances.values():
+            inst.close_serving()
+
+    def stop(self) -> None:
+        """Release every destination, revoke the node lease, close etcd."""
+        self.close_serving()
+        self._stop.set()
+        for monitor in self.monitors.values():
+            monitor.stop(release=True)
+        for w in self._watches:
+            w.cancel()
+        if self._thread is not None:
+            self._thread.join(4 * self.coord.timeout_s + 5)
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            try:
+                self.coord.revoke(lease)
+            except CoordinationError as exc:
+                log.warning("node %s: revoking the node lease failed: %s", self.id, exc)
+        self.coord.close()
+        log.info("node %s stopped", self.id)
+
+    # -- registration ----------------------------------------------------------------------
+
+    def _record(self) -> bytes:
+        data = {
+            "node": self.id,
+            "url": self.url,
+            "pid": os.getpid(),
+            "destinations": list(self.instances),
+        }
+        return json.dumps(data).encode()
+
+    def _register(self) -> bool:
+        try:
+            lease = self.coord.grant_lease(self.config.election.ttl_s)
+            value = self._record()
+            self.coord.register(self.keys.node(self.id), value, lease)
+            for name in self.instances:
+                self.coord.register(self.keys.destination_node(name, self.id), value, lease)
+        except CoordinationError as exc:
+            self.metrics.etcd_errors.inc()
+            log.warning("node %s: registration failed, will retry: %s", self.id, exc)
+            return False
+        self._lease = lease
+        log.info("node %s registered (lease %x)", self.id, lease.id)
+        return True
+
+    def _keepalive_loop(self) -> None:
+        period = max(self.config.election.ttl_s / 3, 0.2)
+        while not self._stop.wait(period):
+            lease = self._lease
+            try:
+                if lease is None:
+                    self._register()
+                else:
+                    self.coord.keepalive(lease)
+                self._refresh_leaders()
+            except Fenced as exc:  # the lease expired (etcd outage longer than the TTL)
+                self.metrics.etcd_errors.inc()
+                log.warning("node %s: node lease expired, registering again: %s", self.id, exc)
+                self._lease = None
+                self._register()
+            except CoordinationError as exc:  # unreachable: keep trying the same lease
+                self.metrics.etcd_errors.inc()
+                log.warning("node %s: node lease keepalive failed: %s", self.id, exc)
+
+    # -- leaders -------------------------------------------------------------------------------
+
+    def _leader_watch(self, name: str) -> Any:
+        def on_event(event: WatchEvent) -> None:
+            if event.type is WatchEventType.PUT:
+                try:
+                    data = json.loads(event.value)
+                    info = RunningInfo(
+                        str(data["node"]), str(data.get("url", "")), event.create_revision
+                    )
+                except (ValueError, TypeError, KeyError):
+                    info = None
+                self._leaders[name] = info
+            elif event.type is WatchEventType.DELETE:
+                self._leaders[name] = None
+            else:
+                self._refresh_leaders((name,))
+
+        return on_event
+
+    def _refresh_leaders(self, names: Iterable[str] | None = None) -> None:
+        for name in names if names is not None else list(self.instances):
+            try:
+                self._leaders[name] = read_running(self.coord, self.keys.running(name))
+            except CoordinationError:
+                self.metrics.etcd_errors.inc()
+                return
+
+    # -- what the API asks ----------------------------------------------------------------------
+
+    def instance(self, destination: str) -> Instance:
+        inst = self.instances.get(destination)
+        if inst is None:
+            raise UnknownDestination(f"destination {destination!r} is not served by this cluster")
+        return inst
+
+    def view(self, destination: str) -> DestinationView:
+        inst = self.instance(destination)
+        role, epoch = inst.role()
+        leader = self._leaders.get(destination)
+        if role is Role.STANDBY and leader is not None and leader.node == self.id:
+            leader = None  # our own stale record: no usable leader yet
+        if epoch is None:
+            epoch = leader.epoch if leader is not None else 0
+        return DestinationView(role, epoch, leader)
+
+    def epoch_of(self, destination: str) -> int:
+        try:
+            return self.view(destination).epoch
+        except UnknownDestination:
+            return 0
+
+    def health(self) -> dict[str, Any]:
+        dests: dict[str, Any] = {}
+        for name, inst in self.instances.items():
+            v = self.view(name)
+            leader = v.leader
+            if v.role is Role.LEADER:
+                leader = RunningInfo(self.id, self.url, v.epoch)
+            dests[name] = {
+                "role": v.role.value,
+                "epoch": v.epoch,
+                "leader_node": leader.node if leader else None,
+                "leader_url": leader.url if leader else None,
+                "reader": inst.reader_status().to_dict(),
+            }
+        return {"node": self.id, "url": self.url, "destinations": dests}
+
+    def cluster(self) -> dict[str, Any]:
+        """Nodes and leaders as etcd has them (raises CoordinationError)."""
+        try:
+            nodes = [
+                json.loads(kv.value) for kv in self.coord.get_prefix(self.keys.nodes_prefix()).items
+            ]
+            dests: dict[str, Any] = {}
+            for kv in self.coord.get_prefix(f"{self.keys.prefix}/destinations/").items:
+                parts = kv.key[len(self.keys.prefix) + len("/destinations/") :].split("/")
+                if len(parts) == 2 and parts[1] == "running":
+                    info = RunningInfo.from_kv(kv)
+                    entry = dests.setdefault(parts[0], {"leader": None, "nodes": []})
+                    entry["leader"] = {"node": info.node, "url": info.url, "epoch": info.epoch}
+                elif len(parts) == 3 and parts[1] == "cluster":
+                    dests.setdefault(parts[0], {"leader": None, "nodes": []})["nodes"].append(
+                        parts[2]
+                    )
+        except CoordinationError:
+            self.metrics.etcd_errors.inc()
+            raise
+        return {"nodes": nodes, "destinations": dests}
+
+    # -- metrics (StateSource) -------------------------------------------------------------------
+
+    def gauges(self) -> Iterable[DestinationGauges]:
+        for name, inst in self.instances.items():
+            v = self.view(name)
+            entries, size = inst.store_stats()
+            clients: list[ClientGauge] = []
+            if v.role is Role.LEADER and inst.metrics is not None:
+                newest = inst.metrics.newest_event_ms
+                for c in inst.meta.clients():
+                    cursor = inst.meta.cursor(c)
+                    lag = None
+                    if cursor is not None and newest:
+                        lag = max(0.0, (newest - cursor.position.timestamp_ms) / 1000)
+                    clients.append(ClientGauge(c, len(inst.meta.batches(c)), lag))
+            yield DestinationGauges(name, v.epoch, v.role is Role.LEADER, entries, size, clients)

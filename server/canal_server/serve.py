@@ -1,0 +1,78 @@
+"""Run a node: uvicorn serving the API of a ``Node``, with a clean stop on signals.
+
+SIGTERM / SIGINT: stop serving and parsing at once, let uvicorn finish the requests
+in flight (a few seconds at most), then release every destination (final meta
+flush while the epoch still holds), revoke the node lease and exit 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
+
+import uvicorn
+
+from canal_server.api import create_app
+from canal_server.config import NodeConfig
+from canal_server.node import Node
+
+__all__ = ["GRACEFUL_S", "run_node"]
+
+GRACEFUL_S = 3
+
+
+class _NodeServer(uvicorn.Server):
+    """uvicorn that tells the node to stop serving the moment a signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Like uvicorn's, minus re-raising the signal afterwards (that would kill the
+        process before the node released its leases)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        sigs = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in sigs}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)
+
+
+def run_node(config: NodeConfig) -> int:
+    """Start the node, serve until a signal, stop cleanly; the exit code."""
+    node = Node(config)
+    app = create_app(node)
+    uv_config = uvicorn.Config(
+        app,
+        host=config.listen_host,
+        port=config.listen_port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_S,
+        ssl_certfile=config.tls.cert_file or None,
+        ssl_keyfile=config.tls.key_file or None,
+        lifespan="off",
+    )
+    uv = _NodeServer(uv_config, node.close_serving)
+    node.start()
+    try:
+        uv.run()
+    finally:
+        node.stop()
+    if not uv.started:
+        print(f"canal-ha server: could not listen on {config.node.listen}")
+        return 1
+    return 0

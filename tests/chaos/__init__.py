@@ -1,0 +1,1 @@
+"""The chaos suite: failures under a write load, checked by chaos.checker."""

@@ -1,0 +1,62 @@
+"""Chaos fixtures and markers.
+
+Every scenario is marked ``chaos``; the slow ones also ``chaos_full``. ``chaos_full``
+tests are *deselected* (not skipped) unless ``--chaos-full`` is given::
+
+    .venv/bin/pytest tests/chaos --chaos-full        # every scenario
+    .venv/bin/pytest tests/chaos                     # the quick subset
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from chaos.harness import ChaosRun
+from reader_fixtures import collect_leaked_sockets
+
+from canal_cluster.sandbox import Sandbox
+
+FULL_OPTION = "--chaos-full"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(FULL_OPTION, action="store_true", help="also run the chaos_full scenarios")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "chaos: a failure scenario under load (tests/chaos)")
+    config.addinivalue_line("markers", "chaos_full: a slow chaos scenario (needs --chaos-full)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption(FULL_OPTION, default=False):
+        return
+    keep = [i for i in items if i.get_closest_marker("chaos_full") is None]
+    dropped = [i for i in items if i.get_closest_marker("chaos_full") is not None]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
+@pytest.fixture
+def chaos_run(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[[Sandbox], ChaosRun]]:
+    """``chaos_run(sandbox)`` → a ChaosRun named after the test; closed at the end."""
+    collect_leaked_sockets()
+    made: list[ChaosRun] = []
+
+    def make(box: Sandbox) -> ChaosRun:
+        name = request.node.name.removeprefix("test_")
+        run = ChaosRun(name, box, tmp_path)
+        made.append(run)
+        return run
+
+    try:
+        yield make
+    finally:
+        for run in made:
+            run.close()
+        collect_leaked_sockets()

@@ -1,0 +1,244 @@
+"""One chaos run: nodes, a write load, consumer processes, a leader poller, the checker.
+
+``ChaosRun`` (made by the ``chaos_run`` fixture of ``conftest.py``)::
+
+    run.start(nodes=3, election=..., meta=..., destination=...)   # nodes + load + poller
+    run.start_consumer("c1")                                      # a consumer process
+    leader = run.leader(); run.fault("leader SIGKILL"); leader.kill()
+    run.wait_delivered_after(time.time())                         # load flows again
+    result = run.finish(dup_window_s=...)                         # checker; JSON + line
+
+Faults are recorded with ``fault(kind)`` just before they are injected; every
+consumer's log and every /v1/health answer claiming leadership feed the checker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos.checker import (
+    AckSeen,
+    BatchSeen,
+    CheckResult,
+    Fault,
+    check,
+    parse_consumer_log,
+)
+from chaos.load import LoadWriter
+from node_fixtures import DEST, WAIT_S, NodeProc, node_config, start_nodes, wait_leader
+
+from canal_cluster.retry import wait_until
+from canal_cluster.sandbox import Sandbox
+from canal_cluster.sandbox.ports import free_port
+from canal_cluster.sandbox.process import ManagedProcess
+from canal_server.config import render_toml
+
+__all__ = ["RESULTS", "ChaosRun", "ConsumerProc"]
+
+log = logging.getLogger("chaos")
+
+RESULTS = Path(__file__).parent / "results"
+CONSUMER = Path(__file__).parent / "consumer.py"
+SEQ_STRIDE = 1_000_000
+
+
+@dataclass
+class ConsumerProc:
+    client_id: str
+    destination: str
+    out: Path
+    process: ManagedProcess
+
+    def lines(self) -> list[str]:
+        try:
+            return self.out.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return []
+
+
+@dataclass
+class ChaosRun:
+    name: str
+    box: Sandbox
+    workdir: Path
+    nodes: list[NodeProc] = field(default_factory=list)
+    writer: LoadWriter | None = None
+    consumers: dict[tuple[str, str], list[ConsumerProc]] = field(default_factory=dict)
+    faults: list[Fault] = field(default_factory=list)
+    claims: set[tuple[int, str]] = field(default_factory=set)
+    destinations: tuple[str, ...] = (DEST,)
+    tag: str = field(default_factory=lambda: f"cz{uuid.uuid4().hex[:8]}")
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _poller: threading.Thread | None = None
+
+    # -- set-up -----------------------------------------------------------------------------
+
+    @property
+    def prefix(self) -> str:
+        return self.nodes[0].prefix
+
+    def start(self, nodes: int = 3, rate_txn_s: float = 40.0, **overrides: Any) -> ChaosRun:
+        """Tables, ``nodes`` nodes (one destination, filtered to the load's tables), the
+        leader poller; the load starts once a leader reads."""
+        self.writer = LoadWriter(self.box.primary, self.tag, rate_txn_s).setup()
+        dest = {"filter": {"regex": self.writer.filter_regex}, **overrides.pop("destination", {})}
+        self.nodes = start_nodes(self.box, nodes, self.workdir, destination=dest, **overrides)
+        self._start_poller()
+        self.leader()
+        self.writer.start()
+        return self
+
+    def start_multi(self, destinations: Sequence[str], nodes: int = 3, **overrides: Any) -> None:
+        """Like ``start`` with several destinations (same tables, own slave ids)."""
+        self.writer = LoadWriter(self.box.primary, self.tag).setup()
+        self.destinations = tuple(destinations)
+        prefix = f"/t{uuid.uuid4().hex[:12]}"
+        for i in range(1, nodes + 1):
+            port = free_port()
+            cfg = node_config(self.box, f"node{i}", port, prefix, 1, DEST, **overrides)
+            base = cfg["destinations"][DEST]
+            cfg["destinations"] = {
+                d: {**base, "slave_id": 7_000_000 + j * 1000 + random.randint(1, 999),
+                    "filter": {"regex": self.writer.filter_regex}}
+                for j, d in enumerate(destinations)
+            }  # fmt: skip
+            self.nodes.append(self._spawn(cfg, prefix, port))
+        for node in self.nodes:
+            wait_until(lambda n=node: n.health() is not None, f"{node.id} answers", WAIT_S)  # type: ignore[misc]
+        self._start_poller()
+        for d in destinations:
+            self.leader(d)
+        self.writer.start()
+
+    def _spawn(self, cfg: dict[str, Any], prefix: str, port: int) -> NodeProc:
+        node_id = cfg["node"]["id"]
+        path = self.workdir / "nodes" / f"{node_id}.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render_toml(cfg))
+        argv = (sys.executable, "-m", "canal_cluster.cli", "server", "--config", str(path))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
+        proc = ManagedProcess(f"chaos-{node_id}", argv, path.with_suffix(".log"), env=env)
+        proc.start()
+        return NodeProc(node_id, port, cfg["node"]["advertise_url"], path, proc, prefix)
+
+    def start_consumer(
+        self, client_id: str, destination: str = DEST, *extra: str
+    ) -> ConsumerProc:
+        runs = self.consumers.setdefault((destination, client_id), [])
+        name = f"{destination}-{client_id}-{len(runs)}"
+        out = self.workdir / "consumers" / f"{name}.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        endpoints = ",".join(self.box.etcd_endpoints)
+        argv = (
+            sys.executable, str(CONSUMER), "--etcd", endpoints, "--prefix", self.prefix,
+            "--destination", destination, "--client-id", client_id, "--tag", self.tag,
+            "--out", str(out), *extra,
+        )  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
+        tests_dir = str(Path(__file__).parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, env.get("PYTHONPATH")]))
+        proc = ManagedProcess(f"consumer-{name}", argv, out.with_suffix(".log"), env=env)
+        proc.start()
+        consumer = ConsumerProc(client_id, destination, out, proc)
+        runs.append(consumer)
+        return consumer
+
+    # -- observation ------------------------------------------------------------------------
+
+    def _start_poller(self) -> None:
+        def poll() -> None:
+            while not self._stop.wait(0.2):
+                for node in list(self.nodes):
+                    h = node.health() if node.is_running() else None
+                    for d in (h or {}).get("destinations", {}).values():
+                        if d.get("role") == "leader":
+                            self.claims.add((int(d["epoch"]), node.id))
+
+        self._poller = threading.Thread(target=poll, name="chaos-poller", daemon=True)
+        self._poller.start()
+
+    def leader(self, destination: str = DEST, exclude: Sequence[NodeProc] = ()) -> NodeProc:
+        return wait_leader(self.nodes, destination, WAIT_S, exclude)
+
+    def fault(self, kind: str) -> float:
+        now = time.time()
+        self.faults.append(Fault(kind, now))
+        log.info("chaos %s: fault %s", self.name, kind)
+        return now
+
+    def streams(self) -> dict[str, list[BatchSeen | AckSeen]]:
+        out: dict[str, list[BatchSeen | AckSeen]] = {}
+        for (dest, client), runs in self.consumers.items():
+            events: list[BatchSeen | AckSeen] = []
+            for i, c in enumerate(runs):
+                events += parse_consumer_log(c.lines(), seq_base=i * SEQ_STRIDE)
+            out[f"{dest}/{client}"] = events
+        return out
+
+    def delivered_after(self, t: float) -> bool:
+        """Every consumer stream got a change committed after ``t``."""
+        assert self.writer is not None
+        later = {c.id for c in self.writer.history() if c.t > t}
+        streams = self.streams()
+        return bool(streams) and all(
+            any(cid in later for e in s if isinstance(e, BatchSeen) for cid in e.changes)
+            for s in streams.values()
+        )
+
+    def wait_delivered_after(self, t: float, timeout_s: float = WAIT_S) -> None:
+        wait_until(lambda: self.delivered_after(t), f"delivery of changes after {t}", timeout_s)
+
+    def _current(self, dup_window_s: float) -> CheckResult:
+        assert self.writer is not None
+        return check(self.name, self.writer.history(), self.streams(), faults=self.faults,
+                     leader_claims=self.claims, dup_window_s=dup_window_s)  # fmt: skip
+
+    # -- the end ------------------------------------------------------------------------------
+
+    def finish(self, dup_window_s: float, drain_s: float = WAIT_S) -> CheckResult:
+        """Stop the load, let consumers drain, stop them, check, write the result."""
+        assert self.writer is not None
+        self.writer.stop()
+        try:
+            wait_until(lambda: self._current(dup_window_s).lost == 0, "consumers drain", drain_s,
+                       max_interval_s=1.0)  # fmt: skip
+        except Exception as exc:  # RetryExhausted: the checker reports what is missing
+            log.warning("chaos %s: drain incomplete: %s", self.name, exc)
+        self.stop_consumers()
+        self._stop.set()
+        result = self._current(dup_window_s)
+        path = result.write(RESULTS)
+        print(result.line())
+        print(f"[chaos {self.name}] result: {path}")
+        if not result.ok:
+            print(json.dumps(result.samples, indent=1)[:4000])
+            for node in self.nodes:
+                print(f"--- {node.id} log tail\n{node.log_tail(30)}")
+        return result
+
+    def stop_consumers(self) -> None:
+        for runs in self.consumers.values():
+            for c in runs:
+                c.process.stop(timeout_s=10)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.writer is not None and self.writer._thread is not None:
+            self.writer.stop()
+        self.stop_consumers()
+        for node in self.nodes:
+            node.process.resume()
+            node.process.stop(timeout_s=20)
+        if self._poller is not None:
+            self._poller.join(10)

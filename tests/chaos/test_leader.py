@@ -1,0 +1,104 @@
+"""Server leader failures: SIGKILL (once, repeated), zombie (SIGSTOP > TTL), short pause."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from chaos.harness import ChaosRun
+from node_fixtures import DEST, FAST_ELECTION
+
+from canal_cluster.sandbox import Sandbox
+
+MakeRun = Callable[[Sandbox], ChaosRun]
+FLUSH_S = 0.2
+WINDOW_S = FLUSH_S + 1.0  # one flush period of acks, plus an ack in flight
+
+
+def _kill_leader(run: ChaosRun) -> None:
+    leader = run.leader()
+    run.wait_delivered_after(time.time())
+    run.fault(f"SIGKILL {leader.id}")
+    leader.kill()
+    run.leader(exclude=[leader])
+    run.wait_delivered_after(time.time())
+    leader.restart()
+
+
+@pytest.mark.chaos
+def test_leader_sigkill_once(sandbox: Sandbox, chaos_run: MakeRun) -> None:
+    run = chaos_run(sandbox).start(3)
+    run.start_consumer("c1")
+    _kill_leader(run)
+    result = run.finish(dup_window_s=WINDOW_S)
+    assert result.ok, result.line()
+    assert len(result.epochs) >= 2
+
+
+@pytest.mark.chaos
+@pytest.mark.chaos_full
+def test_leader_sigkill_repeated(sandbox: Sandbox, chaos_run: MakeRun) -> None:
+    run = chaos_run(sandbox).start(3)
+    run.start_consumer("c1")
+    for _ in range(10):
+        _kill_leader(run)
+    result = run.finish(dup_window_s=WINDOW_S)
+    assert result.ok, result.line()
+    assert len(result.epochs) >= 11
+
+
+@pytest.mark.chaos
+@pytest.mark.chaos_full
+def test_zombie_leader_neither_serves_nor_writes(sandbox: Sandbox, chaos_run: MakeRun) -> None:
+    run = chaos_run(sandbox).start(3)
+    run.start_consumer("c1")
+    zombie = run.leader()
+    run.wait_delivered_after(time.time())
+    old_epoch = zombie.health()["destinations"][DEST]["epoch"]  # type: ignore[index]
+    run.fault(f"SIGSTOP {zombie.id}")
+    zombie.pause()
+    new = run.leader(exclude=[zombie])
+    run.wait_delivered_after(time.time())
+    zombie.resume()
+    # At once after SIGCONT, before its monitor thread runs: it must not hand out batches.
+    with zombie.client() as http:
+        r = http.post(
+            f"/v1/destinations/{DEST}/clients/zombie-probe/batches",
+            json={"size": 10, "timeout_ms": 0},
+            follow_redirects=False,
+        )
+    assert r.status_code in (307, 503), (r.status_code, r.text[:300])
+    epoch = int(r.headers.get("X-Canal-Epoch", "0"))
+    assert epoch != old_epoch or r.status_code == 503
+    run.wait_delivered_after(time.time())
+    assert run.leader().id == new.id
+    result = run.finish(dup_window_s=WINDOW_S)
+    assert result.ok, result.line()
+    assert (old_epoch, zombie.id) in run.claims
+    assert all(node == new.id for e, node in run.claims if e > old_epoch)
+
+
+@pytest.mark.chaos
+def test_short_pause_keeps_the_leader(sandbox: Sandbox, chaos_run: MakeRun) -> None:
+    budget = FAST_ELECTION["ttl_s"] - FAST_ELECTION["safety_margin_s"]  # 2 s
+    run = chaos_run(sandbox).start(3)
+    run.start_consumer("c1")
+    leader = run.leader()
+    run.wait_delivered_after(time.time())
+    epoch = leader.health()["destinations"][DEST]["epoch"]  # type: ignore[index]
+    run.fault(f"SIGSTOP {leader.id} for {budget / 4:.1f}s")
+    leader.pause()
+    time.sleep(budget / 4)  # the fault itself: a pause shorter than the budget
+    leader.resume()
+    run.wait_delivered_after(time.time())
+    assert run.leader().id == leader.id
+    result = run.finish(dup_window_s=WINDOW_S)
+    assert result.ok, result.line()
+    assert result.epochs == [epoch]
+    assert result.duplicates == 0
+
+
+def _unused() -> None:  # keep httpx imported for type checkers of the probe above
+    httpx.codes.OK

@@ -1,0 +1,185 @@
+"""Unit tests of the etcd side of the client: leader by watch, ClientRunningMonitor gate.
+
+A MemoryCoordinator plays etcd; the servers are the fake cluster of client_fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+import pytest
+from client_fixtures import FakeCluster, entry_wire
+
+from canal_client.connector import ClusterConnector
+from canal_client.exclusive import ActiveGate
+from canal_client.resolver import EtcdResolver
+from canal_cluster.keys import Keys
+from canal_cluster.memory_coordinator import MemoryCoordinator
+from canal_cluster.retry import RetryPolicy, wait_until
+from canal_cluster.running import ElectionConfig
+
+A, B = "http://127.0.0.1:7101", "http://127.0.0.1:7102"
+KEYS = Keys()
+RUNNING = KEYS.running("example")
+FAST = RetryPolicy(initial_s=0.001, max_delay_s=0.01, attempts=200)
+GATE_CFG = ElectionConfig(ttl_s=3, safety_margin_s=0.5, loop_interval_s=0.1, switch_delay_s=0.3)
+
+
+def elect(coord: MemoryCoordinator, node: str, url: str) -> int:
+    """Make ``node`` the leader: replace the running key; returns the new epoch."""
+    coord.delete(RUNNING)
+    coord.put(RUNNING, json.dumps({"node": node, "url": url}).encode())
+    kv = coord.get(RUNNING)
+    assert kv is not None
+    return kv.create_revision
+
+
+def test_resolver_follows_the_running_key_by_watch() -> None:
+    coord = MemoryCoordinator()
+    resolver = EtcdResolver(coord, KEYS, "example")
+    resolver.start()
+    try:
+        assert resolver.current() is None
+        epoch = elect(coord, "n1", A)
+        leader = resolver.current()
+        assert leader is not None and (leader.url, leader.epoch, leader.node) == (A, epoch, "n1")
+        woke = threading.Event()
+
+        def waiter() -> None:
+            resolver.wait_change(60)
+            woke.set()
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        coord.delete(RUNNING)
+        t.join(30)
+        assert woke.is_set()  # woken by the DELETE, long before 60 s
+        assert resolver.current() is None
+        epoch2 = elect(coord, "n2", B)
+        leader = resolver.current()
+        assert leader is not None and leader.url == B and leader.epoch == epoch2 > epoch
+    finally:
+        resolver.close()
+
+
+def test_resolver_never_goes_back_to_a_lower_epoch() -> None:
+    coord = MemoryCoordinator()
+    resolver = EtcdResolver(coord, KEYS, "example")
+    resolver.start()
+    try:
+        elect(coord, "n1", A)
+        high = elect(coord, "n2", B)
+        resolver._set(None)  # a DELETE seen
+        from canal_cluster.running import RunningInfo
+
+        resolver._set(RunningInfo("n1", A, high - 5))  # a stale read of an old record
+        assert resolver.current() is None
+        resolver.reload()
+        leader = resolver.current()
+        assert leader is not None and leader.url == B and leader.epoch == high
+    finally:
+        resolver.close()
+
+
+def test_cluster_connector_follows_a_failover_seen_in_etcd(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="canal_client")
+    coord = MemoryCoordinator()
+    fake = FakeCluster([A, B], leader=A, entries=[entry_wire(i) for i in range(10)])
+    fake.epoch = elect(coord, "n1", A)
+    conn = ClusterConnector(
+        "example", "1001", coordinator=coord, transport=fake.transport(), retry=FAST
+    )
+    with conn:
+        conn.subscribe()
+        first = conn.get_without_ack(4, 0)
+        assert len(first.entries) == 4 and conn.epoch == fake.epoch
+        old_epoch = fake.epoch
+        # A is SIGKILLed: it refuses connections; later B is elected
+        fake.down.add(A)
+        fake.new_leader(B)
+        fake.subscribed.clear()
+        fake.epoch = elect(coord, "n2", B)
+        second = conn.get_without_ack(4, 0)
+        assert [e.header.offset for e in second.entries] == [0, 100, 200, 300]
+        assert conn.leader_url == B and conn.epoch == fake.epoch > old_epoch
+        conn.ack(second.id)
+        assert fake.cursor == 4
+    msgs = [r.getMessage() for r in caplog.records if "following leader change" in r.getMessage()]
+    assert msgs == [
+        f"example/1001: following leader change {A} (epoch {old_epoch}) -> {B} (epoch {fake.epoch})"
+    ]
+
+
+def test_cluster_connector_waits_for_a_leader() -> None:
+    coord = MemoryCoordinator()
+    fake = FakeCluster([A], leader=A, entries=[entry_wire(0)])
+    conn = ClusterConnector(
+        "example", "1001", coordinator=coord, transport=fake.transport(),
+        retry=RetryPolicy(initial_s=0.05, max_delay_s=0.05, attempts=-1),
+    )  # fmt: skip
+    done = threading.Event()
+
+    def run() -> None:
+        with conn:
+            conn.subscribe()
+            done.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert not done.wait(0.3)  # no running key yet: connect waits
+    fake.epoch = elect(coord, "n1", A)
+    t.join(30)
+    assert done.is_set() and fake.subscribed == {"1001": ""}
+
+
+def test_gate_one_active_consumer_per_client_id() -> None:
+    coord = MemoryCoordinator()
+    first = ActiveGate(coord, KEYS, "example", "1001", GATE_CFG, node="c1")
+    second = ActiveGate(coord, KEYS, "example", "1001", GATE_CFG, node="c2")
+    first.start()
+    try:
+        assert first.wait_active(30)
+        second.start()
+        assert not second.wait_active(0.5)
+        assert first.is_active()
+        gen = first.generation
+        first.stop()  # releases the key: the other takes over after the switch delay
+        assert second.wait_active(30)
+        assert not first.is_active() and first.generation == gen + 1
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_exclusive_connector_waits_then_takes_over_from_the_cursor() -> None:
+    coord = MemoryCoordinator()
+    fake = FakeCluster([A], leader=A, entries=[entry_wire(i) for i in range(10)])
+    fake.epoch = elect(coord, "n1", A)
+
+    def make() -> ClusterConnector:
+        return ClusterConnector(
+            "example", "1001", coordinator=coord, transport=fake.transport(), retry=FAST,
+            exclusive=True, election=GATE_CFG,
+        )  # fmt: skip
+
+    active, waiting = make(), make()
+    active.connect()
+    try:
+        active.subscribe()
+        wait_until(lambda: not active.get_without_ack(3, 0.2).is_empty, "active consumes", 30)
+        waiting.connect()
+        waiting.subscribe()
+        assert waiting.get_without_ack(3, 0.3).is_empty  # not active: gets nothing
+        rollbacks = fake.paths("POST").count("/v1/destinations/example/clients/1001/rollback")
+        active.disconnect()  # releases the client running key
+        batch = waiting.get_without_ack(3, 30)
+        assert [e.header.offset for e in batch.entries] == [0, 100, 200]  # from the cursor
+        after = fake.paths("POST").count("/v1/destinations/example/clients/1001/rollback")
+        assert after == rollbacks + 1  # rolled back on taking over
+    finally:
+        active.disconnect()
+        waiting.disconnect()

@@ -1,0 +1,153 @@
+"""Entry → row conversion, entry keys, offsets and options of the Spark source (no Spark)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from spark_fixtures import ddl_entry, make_entries
+
+from canal_client.model import Entry
+from canal_client.spark import CanalOptions, schema_ddl
+from canal_client.spark_rows import FIELDS, MIN_KEY, EntryKey, Offset, entry_key, entry_rows
+from canal_cluster.errors import ConfigError
+
+COL = {name: i for i, (name, _) in enumerate(FIELDS)}
+
+
+def col(name: str, value: Any, key: bool = False, mysql_type: str = "int") -> dict[str, Any]:
+    return {
+        "name": name,
+        "value": value,
+        "is_key": key,
+        "updated": True,
+        "mysql_type": mysql_type,
+        "is_null": value is None,
+    }
+
+
+def rowdata(event: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    entry = make_entries(1, 1)[1]
+    entry["header"]["event_type"] = event
+    entry["rows"] = rows
+    return entry
+
+
+def test_insert_row_has_after_map_key_json_and_position() -> None:
+    entry = make_entries(1, 2, first_id=7)[1]
+    rows = entry_rows(entry)
+    assert len(rows) == 2
+    r = rows[1]
+    assert r[COL["schema"]] == "t" and r[COL["table"]] == "items"
+    assert r[COL["event_type"]] == "INSERT" and r[COL["is_ddl"]] is False
+    assert r[COL["before"]] is None
+    assert r[COL["after"]] == {"id": "8", "val": "v8"}
+    assert r[COL["primary_key"]] == '{"id":"8"}'
+    assert (r[COL["logfile"]], r[COL["offset"]], r[COL["row_index"]]) == ("mariadb-bin.000001", 356, 1)
+    assert r[COL["gtid"]] == "0-1-7"
+    assert r[COL["commit_ts"]] == datetime.fromtimestamp((1_700_000_000_000 + 356) / 1000, UTC)
+    assert len(r) == len(FIELDS)
+
+
+def test_update_and_delete_take_key_from_the_right_image() -> None:
+    before = [col("a", 1, key=True), col("b", 2, key=True), col("c", "x", mysql_type="text")]
+    after = [col("a", 1, key=True), col("b", 3, key=True), col("c", None, mysql_type="text")]
+    upd = entry_rows(rowdata("UPDATE", [{"before": before, "after": after}]))[0]
+    assert upd[COL["before"]] == {"a": "1", "b": "2", "c": "x"}
+    assert upd[COL["after"]] == {"a": "1", "b": "3", "c": None}
+    assert json.loads(upd[COL["primary_key"]]) == {"a": "1", "b": "3"}
+    dele = entry_rows(rowdata("DELETE", [{"before": before, "after": []}]))[0]
+    assert dele[COL["after"]] is None
+    assert dele[COL["primary_key"]] == '{"a":"1","b":"2"}'
+
+
+def test_values_become_lossless_text() -> None:
+    cols = [
+        col("u", 18446744073709551615),
+        col("d", "12.3400", mysql_type="decimal(8,4)"),
+        col("bin", b"\x00\xff", mysql_type="varbinary(4)"),
+        col("f", 1.5, mysql_type="double"),
+        col("n", None),
+    ]
+    r = entry_rows(rowdata("INSERT", [{"before": [], "after": cols}]))[0]
+    assert r[COL["after"]] == {
+        "u": "18446744073709551615",
+        "d": "12.3400",
+        "bin": "AP8=",
+        "f": "1.5",
+        "n": None,
+    }
+    assert r[COL["primary_key"]] is None  # no key columns
+
+
+def test_ddl_is_one_row_with_sql() -> None:
+    rows = entry_rows(ddl_entry("CREATE TABLE t.x (id int primary key)", 5000))
+    assert len(rows) == 1
+    r = rows[0]
+    assert r[COL["is_ddl"]] is True and r[COL["sql"]].startswith("CREATE TABLE")
+    assert r[COL["before"]] is None and r[COL["after"]] is None and r[COL["primary_key"]] is None
+
+
+def test_transaction_markers_give_no_rows() -> None:
+    begin, _, end = make_entries(1, 3)
+    assert entry_rows(begin) == [] and entry_rows(end) == []
+
+
+def test_model_entries_and_wire_dicts_give_the_same_rows() -> None:
+    for wire in [*make_entries(2, 3), ddl_entry("DROP TABLE t.y", 9000)]:
+        assert entry_rows(Entry.from_wire(wire)) == entry_rows(wire)
+        assert entry_key(Entry.from_wire(wire)) == entry_key(wire)
+
+
+def test_entry_keys_follow_binlog_order_across_files() -> None:
+    a = EntryKey.of("mariadb-bin.000009", 99999)
+    b = EntryKey.of("mariadb-bin.000010", 4)
+    assert MIN_KEY < a < b < EntryKey.of("mariadb-bin.000010", 5)
+    assert EntryKey.from_dict(b.to_dict()) == b
+
+
+def test_offsets_round_trip_through_json() -> None:
+    off = Offset(42, EntryKey.of("mariadb-bin.000003", 1234), (7, 8))
+    assert Offset.from_dict(json.loads(json.dumps(off.to_dict()))) == off
+    assert Offset.from_dict(Offset().to_dict()) == Offset()
+    with pytest.raises(ValueError, match="not an offset"):
+        Offset.from_dict({"total": 1})
+
+
+def test_schema_ddl_names_every_field() -> None:
+    ddl = schema_ddl()
+    assert "`commit_ts` timestamp" in ddl and "`after` map<string,string>" in ddl
+    assert ddl.count("`") == 2 * len(FIELDS)
+
+
+BASE = {"etcd": "http://127.0.0.1:2379", "destination": "example", "clientId": "1001"}
+
+
+def test_options_defaults_and_lists() -> None:
+    opts = CanalOptions.parse({**BASE, "etcd": "http://a:1, http://b:2", "batchSize": "50"})
+    assert opts.etcd == ("http://a:1", "http://b:2") and opts.servers == ()
+    assert opts.batch_size == 50 and opts.filter == "" and opts.token is None
+    assert opts.poll_timeout_s == 1.0 and not opts.exclusive
+    srv = CanalOptions.parse({"server": "http://127.0.0.1:8000", "destination": "d", "clientId": "c"})
+    assert srv.servers == ("http://127.0.0.1:8000",)
+
+
+@pytest.mark.parametrize(
+    ("options", "key"),
+    [
+        ({"destination": "d", "clientId": "c"}, "etcd"),
+        ({**BASE, "server": "http://x:1"}, "etcd"),
+        ({**BASE, "destination": " "}, "destination"),
+        ({k: v for k, v in BASE.items() if k != "clientId"}, "clientId"),
+        ({**BASE, "batchSize": "0"}, "batchSize"),
+        ({**BASE, "batchSize": "many"}, "batchSize"),
+        ({**BASE, "pollTimeoutMs": "-1"}, "pollTimeoutMs"),
+        ({**BASE, "exclusive": "maybe"}, "exclusive"),
+    ],
+)
+def test_bad_options_are_refused_with_their_name(options: dict[str, str], key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        CanalOptions.parse(options)
+    assert info.value.key == key
