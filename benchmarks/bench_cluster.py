@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 import psutil
-from bench_common import Context
 
+from benchmarks.bench_common import Context
 from canal_cluster.retry import wait_until
 from canal_cluster.sandbox.ports import free_port
 from canal_cluster.sandbox.process import ManagedProcess
@@ -29,7 +29,12 @@ __all__ = ["DEST", "FAST_ELECTION", "BenchNode", "start_nodes", "stop_all", "wai
 
 DEST = "bench"
 WAIT_S = 120.0
-FAST_ELECTION = {"ttl_s": 3.0, "switch_delay_s": 1.0, "safety_margin_s": 1.0, "loop_interval_s": 0.5}
+FAST_ELECTION = {
+    "ttl_s": 3.0,
+    "switch_delay_s": 1.0,
+    "safety_margin_s": 1.0,
+    "loop_interval_s": 0.5,
+}
 
 
 @dataclass

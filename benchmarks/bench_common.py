@@ -8,14 +8,16 @@ the message is kept and the run goes on), ``unavailable`` (a peer tool is missin
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
 import platform
 import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ __all__ = [
     "median_runs",
     "percentile",
     "run_part",
+    "warnings_of",
 ]
 
 log = logging.getLogger("bench")
@@ -115,8 +118,34 @@ def median_runs(runs: Sequence[dict[str, Any]], key: str = "rows_per_s") -> dict
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100) of a non-empty sequence."""
     ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, int(round(q / 100 * len(ordered) + 0.5)) - 1))
+    rank = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
     return ordered[rank]
+
+
+class _Collect(logging.Handler):
+    def __init__(self, into: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def warnings_of(logger: str) -> Iterator[list[str]]:
+    """Collect the WARNING+ messages of ``logger`` (e.g. the client's retries) meanwhile."""
+    into: list[str] = []
+    handler, target = _Collect(into), logging.getLogger(logger)
+    level, propagate = target.level, target.propagate
+    target.propagate = propagate and target.getEffectiveLevel() <= logging.WARNING
+    target.setLevel(logging.WARNING)  # collected even when the run is quiet
+    target.addHandler(handler)
+    try:
+        yield into
+    finally:
+        target.removeHandler(handler)
+        target.setLevel(level)
+        target.propagate = propagate
 
 
 def _cpu_model() -> str:

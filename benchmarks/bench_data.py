@@ -13,8 +13,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from bench_common import Dataset
-
+from benchmarks.bench_common import Dataset
 from canal_cluster.sandbox import MariaDBServer
 
 __all__ = ["SCHEMA", "TABLES", "TX_ROWS", "generate", "row_select"]

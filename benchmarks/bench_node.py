@@ -14,10 +14,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench_cluster import DEST, FAST_ELECTION, BenchNode, start_nodes, stop_all, wait_leader
-from bench_common import Context, NotYet, percentile
-from bench_data import COLUMNS, SCHEMA, TX_ROWS, row_select
-
+from benchmarks.bench_cluster import (
+    DEST,
+    FAST_ELECTION,
+    BenchNode,
+    start_nodes,
+    stop_all,
+    wait_leader,
+)
+from benchmarks.bench_common import Context, NotYet, percentile, warnings_of
+from benchmarks.bench_data import COLUMNS, SCHEMA, TX_ROWS, row_select
 from canal_cluster.retry import wait_until
 
 __all__ = ["e2e_json", "e2e_msgpack", "failover", "latency", "node_rss"]
@@ -49,6 +55,27 @@ def _touch(batch: Any) -> int:
     return rows
 
 
+@dataclass
+class _Tally:
+    """Rows received, told apart from redeliveries by the entry's binlog position."""
+
+    rows: int = 0
+    duplicate_rows: int = 0
+    batches: int = 0
+    seen: set[tuple[str, int]] = field(default_factory=set)
+
+    def add(self, batch: Any) -> None:
+        self.batches += 1
+        for entry in batch.entries:
+            key = (entry.header.logfile, entry.header.offset)
+            if key in self.seen:
+                self.duplicate_rows += len(entry.rows)
+            else:
+                self.seen.add(key)
+                self.rows += len(entry.rows)
+        _touch(batch)
+
+
 # -- end to end ------------------------------------------------------------------------------
 
 
@@ -57,29 +84,34 @@ def _e2e(ctx: Context, wire: str) -> dict[str, Any]:
     ds = ctx.dataset
     master = {"journal_name": ds.journal, "position": ds.offset}
     nodes = start_nodes(ctx, 1, f"e2e-{wire}", destination={"master": master})
+    tally = _Tally()
     try:
         wait_leader(nodes)
         t0 = time.perf_counter()
-        rows = batches = 0
-        with connector.SimpleConnector(nodes[0].url, DEST, f"e2e-{wire}", wire=wire) as conn:
+        with (
+            warnings_of("canal_client") as client_warnings,
+            connector.SimpleConnector(nodes[0].url, DEST, f"e2e-{wire}", wire=wire) as conn,
+        ):
             conn.subscribe()
             connected_s = time.perf_counter() - t0
-            while rows < ds.rows:
+            while tally.rows < ds.rows:
                 if time.perf_counter() - t0 > E2E_TIMEOUT_S:
-                    raise TimeoutError(f"{rows} of {ds.rows} rows after {E2E_TIMEOUT_S}s")
+                    raise TimeoutError(f"{tally.rows} of {ds.rows} rows after {E2E_TIMEOUT_S}s")
                 batch = conn.get_without_ack(BATCH_SIZE, 1.0)
-                if batch.is_empty:
-                    continue
-                rows += _touch(batch)
-                conn.ack(batch.id)
-                batches += 1
+                if not batch.is_empty:
+                    tally.add(batch)
+                    conn.ack(batch.id)
             elapsed = time.perf_counter() - t0
     finally:
         stop_all(nodes)
+    if tally.rows != ds.rows:
+        raise RuntimeError(f"the client got {tally.rows} row changes, the binlog has {ds.rows}")
     return {
-        "rows": rows, "seconds": round(elapsed, 3), "rows_per_s": rows / elapsed,
-        "batches": batches, "batch_size_entries": BATCH_SIZE, "wire": wire,
+        "rows": tally.rows, "seconds": round(elapsed, 3), "rows_per_s": tally.rows / elapsed,
+        "duplicate_rows": tally.duplicate_rows, "batches": tally.batches,
+        "batch_size_entries": BATCH_SIZE, "wire": wire,
         "client_connect_s": round(connected_s, 3),
+        "client_warnings": len(client_warnings), "first_client_warnings": client_warnings[:3],
         "path": "leader node -> REST -> SimpleConnector, get_without_ack + ack",
     }  # fmt: skip
 
@@ -120,13 +152,17 @@ def _consume(conn: Any, table: str, arrivals: _Arrivals) -> None:
                     continue
                 for row in entry.rows:
                     values = {c.name: c.value for c in row.after}
-                    arrivals.latency_us.setdefault(int(values["id"]), now_us - int(values["sent_us"]))
+                    arrivals.latency_us.setdefault(
+                        int(values["id"]), now_us - int(values["sent_us"])
+                    )
             conn.ack(batch.id)
     except BaseException as exc:  # reported by the part
         arrivals.error.append(exc)
 
 
-def _write_paced(ctx: Context, table: str, first_id: int, tps: float, seconds: float) -> tuple[int, float]:
+def _write_paced(
+    ctx: Context, table: str, first_id: int, tps: float, seconds: float
+) -> tuple[int, float]:
     """Autocommit one-row inserts at ``tps`` for ``seconds``; (rows written, achieved tps)."""
     n = max(1, int(tps * seconds))
     with ctx.sandbox.primary.admin() as conn, conn.cursor() as cur:
@@ -184,8 +220,12 @@ def latency(ctx: Context) -> dict[str, Any]:
                 consumer.join(30)
     finally:
         stop_all(nodes)
-    return {"rates": rates, "seconds_per_rate": seconds, "writer": "one-row autocommit INSERTs",
-            "consumer": f"SimpleConnector msgpack, get_without_ack({BATCH_SIZE}, 0.5 s) + ack"}  # fmt: skip
+    return {
+        "rates": rates,
+        "seconds_per_rate": seconds,
+        "writer": "one-row autocommit INSERTs, row stamped with the time before its commit",
+        "consumer": f"SimpleConnector msgpack, get_without_ack({BATCH_SIZE}, 0.5 s) + ack",
+    }
 
 
 def _latency_rates(ctx: Context, arrivals: _Arrivals, seconds: float) -> list[dict[str, Any]]:
@@ -202,6 +242,14 @@ def _latency_rates(ctx: Context, arrivals: _Arrivals, seconds: float) -> list[di
 
 
 # -- failover ----------------------------------------------------------------------------------
+
+
+def _election(ctx: Context) -> dict[str, float]:
+    """The election settings of the failover nodes (``--failover-ttl``/``-switch-delay``)."""
+    ttl = float(ctx.options.get("failover_ttl_s", FAST_ELECTION["ttl_s"]))
+    switch = float(ctx.options.get("failover_switch_delay_s", FAST_ELECTION["switch_delay_s"]))
+    margin = 1.0 if ttl < 6 else 2.0
+    return {**FAST_ELECTION, "ttl_s": ttl, "switch_delay_s": switch, "safety_margin_s": margin}
 
 
 class _Trickle(threading.Thread):
@@ -249,7 +297,8 @@ def failover(ctx: Context) -> dict[str, Any]:
     trials = int(ctx.options.get("failover_trials", 5))
     _create_small_table(ctx, "fo")
     ctx.sandbox.primary.execute(f"TRUNCATE TABLE {SCHEMA}.fo")
-    nodes = start_nodes(ctx, 2, "failover")
+    election = _election(ctx)
+    nodes = start_nodes(ctx, 2, "failover", election=election)
     arrivals, writer = _Arrivals(), _Trickle(ctx, "fo", 50.0)
     times: list[float] = []
     try:
@@ -275,12 +324,24 @@ def failover(ctx: Context) -> dict[str, Any]:
         stop_all(nodes)
     return {
         "trials_s": times, "median_s": statistics.median(times), "max_s": max(times),
-        "election": dict(FAST_ELECTION), "nodes": 2, "writer_tps": 50,
+        "election": election, "nodes": 2, "writer_tps": 50,
         "client": "ClusterConnector (etcd), get_without_ack + ack",
     }  # fmt: skip
 
 
 # -- node RSS ----------------------------------------------------------------------------------
+
+
+def _wait_store_settled(node: BenchNode) -> None:
+    """Until two samples of the store's entry count, 0.5 s apart, agree."""
+    seen = [-1.0]
+
+    def settled() -> bool:
+        now = node.metric("canal_store_entries")
+        same, seen[0] = now == seen[0], now
+        return same
+
+    wait_until(settled, "store settled", 120, interval_s=0.5, max_interval_s=0.5)
 
 
 def node_rss(ctx: Context) -> dict[str, Any]:
@@ -297,8 +358,11 @@ def node_rss(ctx: Context) -> dict[str, Any]:
             time.sleep(1.0)  # let the idle node settle before the baseline sample
             before = node.rss()
             for first in range(1, rows + 1, TX_ROWS):
-                db.execute(f"INSERT INTO {SCHEMA}.rss {row_select(first, min(rows, first + TX_ROWS - 1))}")
+                db.execute(
+                    f"INSERT INTO {SCHEMA}.rss {row_select(first, min(rows, first + TX_ROWS - 1))}"
+                )
             wait_until(lambda: node.metric("canal_rows_total") >= rows, f"{rows} rows parsed", 600)
+            _wait_store_settled(node)
             store_bytes = node.metric("canal_store_bytes")
             entries = node.metric("canal_store_entries")
             after = node.rss()

@@ -15,8 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bench_common import REPO, Context, Unavailable, median_runs
-
+from benchmarks.bench_common import REPO, Context, Unavailable, median_runs
 from canal_server.entry import Entry
 from canal_server.positions import EntryPosition
 from canal_server.reader import BinlogReader, ReaderConfig
@@ -175,7 +174,8 @@ def _binlog_reader_once(ctx: Context, slave_id: int) -> dict[str, Any]:
             done.set()
 
     reader = BinlogReader(ReaderConfig(master=ctx.sandbox.primary.dsn(), slave_id=slave_id), sink)
-    thread = threading.Thread(target=reader.run, args=(EntryPosition(ds.journal, ds.offset),))
+    start = EntryPosition(ds.journal, ds.offset)
+    thread = threading.Thread(target=reader.run, args=(start,), daemon=True)
     t0 = time.perf_counter()
     thread.start()
     try:

@@ -38,9 +38,17 @@ def _note(record: dict[str, Any]) -> str:
     if status != "ok":
         text = str(record.get("reason") or record.get("error") or "")
         return " ".join(text.split())[:160]
+    notes = []
     if "runs" in record:
-        return "runs: " + ", ".join(f"{r:,.0f}" for r in record["runs"])
-    return ""
+        notes.append("runs: " + ", ".join(f"{r:,.0f}" for r in record["runs"]))
+    if record.get("duplicate_rows") or record.get("client_warnings"):
+        notes.append(
+            f"redelivered rows {record.get('duplicate_rows', 0):,}, "
+            f"client warnings {record.get('client_warnings', 0)}"
+        )
+    if "first_batch_s" in record:
+        notes.append(f"first micro-batch after {record['first_batch_s']:.1f} s")
+    return "; ".join(notes)
 
 
 def _machine_lines(result: dict[str, Any]) -> list[str]:
@@ -81,7 +89,7 @@ def _latency_lines(rec: dict[str, Any]) -> list[str]:
     lines = []
     for rate in rec.get("rates", []):
         lines.append(
-            f"  {rate['target_tps']:>5} tx/s (achieved {rate['achieved_tps']:.0f}): "
+            f"  {rate['target_tps']:>5.0f} tx/s (achieved {rate['achieved_tps']:.0f}): "
             f"p50 {rate['p50_ms']:.1f} ms, p99 {rate['p99_ms']:.1f} ms, max "
             f"{rate['max_ms']:.1f} ms over {rate['samples']} rows"
         )

@@ -9,7 +9,22 @@ Starts a private sandbox (MariaDB + etcd in a temp dir), writes ``--rows`` row c
 ``--only`` picks some), prints a table and writes JSON (default
 ``benchmarks/results/latest.json``). The sandbox is stopped at the end by pid. A part
 that fails records its error; the run goes on. Numbers on a loaded machine are not
-final: run it when the machine is quiet.
+final: run it when the machine is quiet. SIGTERM/Ctrl-C stop the sandbox too.
+
+The JSON document::
+
+    machine   nproc, cpu_model, memory_bytes, python, platform, loadavg_at_start
+    config    rows, repeat, parts, latency_seconds, failover_*, rss_rows
+    binlog    rows, transactions, kinds {insert, update, delete}, tables, journal,
+              offset, files, end_journal, end_offset, bytes, load_s
+    parts     {name: {status: ok | error | unavailable | not yet, title, wall_s,
+              reason/error when not ok, and the part's numbers: readers and end to
+              end rows, seconds, rows_per_s (median), runs; latency rates[] with
+              target_tps, achieved_tps, p50_ms, p99_ms, max_ms, samples; failover
+              trials_s, median_s, max_s, election; node_rss rss_before_bytes,
+              rss_after_bytes, bytes_per_row, store_bytes_per_row}}
+    ratios    {name: {vs_mysql_replication, vs_c_decoder}} for every part with rows/s
+    started_at, duration_s
 """
 
 from __future__ import annotations
@@ -18,19 +33,21 @@ import argparse
 import dataclasses
 import json
 import logging
+import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-import bench_node
-import bench_readers
-import bench_spark
-from bench_common import REPO, Context, Part, machine_info, run_part
-from bench_data import generate
-from bench_report import ratios, render_table
+if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import bench_node, bench_readers, bench_spark
+from benchmarks.bench_common import REPO, Context, Part, machine_info, run_part
+from benchmarks.bench_data import generate
+from benchmarks.bench_report import ratios, render_table
 from canal_cluster.sandbox import Sandbox
 
 __all__ = ["PARTS", "main"]
@@ -61,15 +78,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=3, help="runs per reader (median)")
     p.add_argument("--latency-seconds", type=float, default=10.0, help="per rate")
     p.add_argument("--failover-trials", type=int, default=5)
+    p.add_argument("--failover-ttl", type=float, default=3.0, help="election.ttl_s (s)")
+    p.add_argument(
+        "--failover-switch-delay", type=float, default=1.0, help="election.switch_delay_s (s)"
+    )
     p.add_argument("--rss-rows", type=int, default=100_000)
+    p.add_argument("--spark-example", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     only = [n for n in args.only.split(",") if n]
     unknown = sorted(set(only) - set(names))
     if unknown:
         p.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(names)}")
-    if args.rows < 1000 or args.repeat < 1:
-        p.error("--rows must be >= 1000 and --repeat >= 1")
+    if args.rows < 1000 or args.rss_rows < 1000:
+        p.error("--rows and --rss-rows must be >= 1000")
+    if args.repeat < 1 or args.failover_trials < 1 or args.latency_seconds <= 0:
+        p.error("--repeat and --failover-trials must be >= 1, --latency-seconds > 0")
     args.parts = [part for part in PARTS if not only or part.name in only]
     return args
 
@@ -78,6 +102,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Start the sandbox, generate the binlog, run the parts; the result document."""
     started = time.time()
     result: dict[str, Any] = {"machine": machine_info(), "started_at": started}
+    result["config"] = {
+        "rows": args.rows,
+        "repeat": args.repeat,
+        "parts": [p.name for p in args.parts],
+        **_options(args),
+    }
     with tempfile.TemporaryDirectory(prefix="canal-bench-") as tmp:
         box = Sandbox(Path(tmp) / "sandbox", etcd_members=1, standby=False).start()
         try:
@@ -99,17 +129,27 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "latency_seconds": args.latency_seconds,
         "failover_trials": args.failover_trials,
         "rss_rows": args.rss_rows,
+        "failover_ttl_s": args.failover_ttl,
+        "failover_switch_delay_s": args.failover_switch_delay,
+        "spark_example": str(args.spark_example or ""),
     }
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # unwinds through run(): the sandbox is stopped
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     logging.getLogger("bench").setLevel(logging.INFO)
     logging.getLogger("pymysqlreplication").setLevel(logging.WARNING)
+    if not args.verbose:  # retries during failover trials are expected, not news
+        logging.getLogger("canal_client").setLevel(logging.ERROR)
     result = run(args)
     print(render_table(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)

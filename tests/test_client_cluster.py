@@ -15,6 +15,7 @@ from client_fixtures import FakeCluster, entry_wire
 from canal_client.connector import ClusterConnector
 from canal_client.exclusive import ActiveGate
 from canal_client.resolver import EtcdResolver
+from canal_cluster.errors import ClientError
 from canal_cluster.keys import Keys
 from canal_cluster.memory_coordinator import MemoryCoordinator
 from canal_cluster.retry import RetryPolicy, wait_until
@@ -183,3 +184,33 @@ def test_exclusive_connector_waits_then_takes_over_from_the_cursor() -> None:
     finally:
         active.disconnect()
         waiting.disconnect()
+
+
+def test_disconnect_stops_a_call_waiting_for_a_leader() -> None:
+    coord = MemoryCoordinator()
+    fake = FakeCluster([A], leader=A, entries=[])
+    fake.epoch = elect(coord, "n1", A)
+    forever = RetryPolicy(initial_s=0.05, max_delay_s=5.0, attempts=-1)
+    conn = ClusterConnector(
+        "example", "1001", coordinator=coord, transport=fake.transport(), retry=forever
+    )
+    conn.connect()
+    conn.subscribe()
+    coord.delete(RUNNING)  # the leader is gone: calls wait for the next one
+    fake.down.add(A)
+    failures: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            conn.get_without_ack(1, 0)
+        except BaseException as exc:
+            failures.append(exc)
+
+    t = threading.Thread(target=call)
+    t.start()
+    wait_until(lambda: any(u == A for (u, _, p) in fake.calls if p.endswith("batches")),
+               "the call tried the dead leader", 30)  # fmt: skip
+    conn.disconnect()
+    t.join(30)
+    assert not t.is_alive()
+    assert len(failures) == 1 and isinstance(failures[0], ClientError), failures

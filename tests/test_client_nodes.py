@@ -33,6 +33,7 @@ from canal_cluster.retry import RetryPolicy, wait_until
 from canal_cluster.sandbox import Sandbox
 
 CLI = [sys.executable, "-m", "canal_cluster.cli"]
+TOKEN = "client-test-token"
 NodeCluster = Callable[..., list[NodeProc]]
 
 
@@ -82,22 +83,27 @@ def test_consume_cli_json_output_matches_the_database(
     cleanup_dbs.append(db)
     fresh_db(sandbox, db, f"CREATE TABLE {db}.t (id INT PRIMARY KEY, name VARCHAR(20), "
                           "amount DECIMAL(10,2), raw VARBINARY(8), at DATETIME(3))")  # fmt: skip
-    nodes = nodes_up(2, destination={"filter": {"regex": f"{db}\\..*"}})
+    nodes = nodes_up(2, auth={"tokens": [TOKEN]}, destination={"filter": {"regex": f"{db}\\..*"}})
     wait_leader(nodes)
+    denied = subprocess.run(consume_cmd(sandbox, nodes, "cli1", "--max-entries", "1"),
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert denied.returncode == 1 and "bearer token" in denied.stderr, denied.stderr
     for i in range(1, 41):
         sandbox.primary.execute(
             f"INSERT INTO {db}.t VALUES ({i}, 'n{i}', {i}.25, 0x00ff{i:02x}, "
             f"'2024-01-02 03:04:05.{i:03d}')"
         )
     first = subprocess.run(
-        consume_cmd(sandbox, nodes, "cli1", "--format", "json", "--max-entries", "10"),
+        consume_cmd(sandbox, nodes, "cli1", "--token", TOKEN, "--format", "json",
+                    "--max-entries", "10"),
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert first.returncode == 0, first.stderr
     lines = first.stdout.splitlines()
     assert len(lines) == 10
     rest = subprocess.run(
-        consume_cmd(sandbox, nodes, "cli1", "--format", "json", "--idle-exit", "3"),
+        consume_cmd(sandbox, nodes, "cli1", "--token", TOKEN, "--format", "json",
+                    "--idle-exit", "3"),
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert rest.returncode == 0, rest.stderr
@@ -113,23 +119,28 @@ def test_consume_cli_json_output_matches_the_database(
     # a new client starts at the store's current end: write after it is connected
     leader = wait_leader(nodes)
     standby = next(n for n in nodes if n is not leader)
-    cmd = consume_cmd(sandbox, nodes, "cli_text", "--format", "text", "--max-entries", "3")
+    cmd = consume_cmd(
+        sandbox, nodes, "cli_text", "--token", TOKEN, "--format", "text", "--max-entries", "3"
+    )
     lines = run_then_write(cmd, lambda: sandbox.primary.execute(
         f"UPDATE {db}.t SET name = 'changed' WHERE id = 7"))  # fmt: skip
     assert len(lines) == 3 and "BEGIN" in lines[0] and "COMMIT" in lines[2]
     assert f"UPDATE {db}.t [id=7, name='n7'" in lines[1] and "name='changed'" in lines[1]
     # --server on a standby: follows the 307 to the leader
     cmd = [*CLI, "consume", "--server", standby.url, "--destination", DEST, "--client-id", "cli1",
-           "--format", "json", "--max-entries", "3"]  # fmt: skip
+           "--format", "json", "--max-entries", "6"]  # fmt: skip
     lines = run_then_write(cmd, lambda: sandbox.primary.execute(
-        f"UPDATE {db}.t SET name = 'again' WHERE id = 8"))  # fmt: skip
-    assert [r["name"] for r in row_changes(lines)] == ["again"]
+        f"UPDATE {db}.t SET name = 'again' WHERE id = 8"), env={"CANAL_TOKEN": TOKEN})  # fmt: skip
+    assert [r["name"] for r in row_changes(lines)] == ["changed", "again"]  # from its cursor
     check_status(sandbox, nodes, leader, standby)
 
 
-def run_then_write(cmd: list[str], write: Callable[[], object]) -> list[str]:
+def run_then_write(
+    cmd: list[str], write: Callable[[], object], env: dict[str, str] | None = None
+) -> list[str]:
     """Start a consumer, write once it is connected, return its stdout lines (exit 0)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})  # fmt: skip
     try:
         assert proc.stderr is not None
         for line in proc.stderr:
@@ -148,7 +159,10 @@ def check_status(
     sandbox: Sandbox, nodes: list[NodeProc], leader: NodeProc, standby: NodeProc
 ) -> None:
     etcd = ",".join(sandbox.etcd_endpoints)
-    sources = (["--etcd", etcd, "--prefix", nodes[0].prefix], ["--server", standby.url])
+    sources = (
+        ["--etcd", etcd, "--prefix", nodes[0].prefix],
+        ["--server", standby.url, "--token", TOKEN],
+    )
     for source in sources:
         res = subprocess.run([*CLI, "status", *source, "--format", "json"],
                              capture_output=True, text=True, timeout=60)  # fmt: skip
@@ -210,6 +224,10 @@ def write_changes(sandbox: Sandbox, db: str, stop: threading.Event) -> None:
             stop.wait(0.05)
 
 
+def progress(seen: Seen, errors: list[Exception], threshold: int) -> Callable[[], bool]:
+    return lambda: seen.count() >= threshold or bool(errors)
+
+
 def test_consumer_survives_two_leader_kills_with_every_row_in_order(
     sandbox: Sandbox,
     nodes_up: NodeCluster,
@@ -226,7 +244,7 @@ def test_consumer_survives_two_leader_kills_with_every_row_in_order(
         DEST, "fo1", etcd=sandbox.etcd_endpoints, prefix=nodes[0].prefix,
         retry=RetryPolicy(initial_s=0.05, max_delay_s=0.5, deadline_s=WAIT_S),
     )  # fmt: skip
-    seen, stop, errors = Seen(), threading.Event(), []
+    seen, stop, errors = Seen(), threading.Event(), list[Exception]()
     conn.connect()
     conn.subscribe(f"{db}\\..*")
 
@@ -247,7 +265,7 @@ def test_consumer_survives_two_leader_kills_with_every_row_in_order(
     killed: list[NodeProc] = []
     try:
         for threshold in (2500, 6000):
-            wait_until(lambda t=threshold: seen.count() >= t or bool(errors), "progress", WAIT_S)
+            wait_until(progress(seen, errors, threshold), "consumer progress", WAIT_S)
             victim = wait_leader(nodes, exclude=killed)
             victim.kill()
             killed.append(victim)

@@ -45,7 +45,11 @@ def test_insert_row_has_after_map_key_json_and_position() -> None:
     assert r[COL["before"]] is None
     assert r[COL["after"]] == {"id": "8", "val": "v8"}
     assert r[COL["primary_key"]] == '{"id":"8"}'
-    assert (r[COL["logfile"]], r[COL["offset"]], r[COL["row_index"]]) == ("mariadb-bin.000001", 356, 1)
+    assert (r[COL["logfile"]], r[COL["offset"]], r[COL["row_index"]]) == (
+        "mariadb-bin.000001",
+        356,
+        1,
+    )
     assert r[COL["gtid"]] == "0-1-7"
     assert r[COL["commit_ts"]] == datetime.fromtimestamp((1_700_000_000_000 + 356) / 1000, UTC)
     assert len(r) == len(FIELDS)
@@ -130,7 +134,9 @@ def test_options_defaults_and_lists() -> None:
     assert opts.etcd == ("http://a:1", "http://b:2") and opts.servers == ()
     assert opts.batch_size == 50 and opts.filter == "" and opts.token is None
     assert opts.poll_timeout_s == 1.0 and not opts.exclusive
-    srv = CanalOptions.parse({"server": "http://127.0.0.1:8000", "destination": "d", "clientId": "c"})
+    srv = CanalOptions.parse(
+        {"server": "http://127.0.0.1:8000", "destination": "d", "clientId": "c"}
+    )
     assert srv.servers == ("http://127.0.0.1:8000",)
 
 

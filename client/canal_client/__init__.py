@@ -1,1 +1,31 @@
-"""canal-ha client: connectors, CLI consumer and the Spark source."""
+"""canal-ha client: connectors, CLI consumer and the Spark source.
+
+::
+
+    from canal_client import ClusterConnector
+
+    with ClusterConnector("example", "1001", etcd=["http://127.0.0.1:2379"]) as conn:
+        conn.subscribe("shop\\..*")
+        batch = conn.get_without_ack(1000, timeout_s=1.0)
+        ...  # process batch.entries
+        conn.ack(batch.id)
+
+Importing this package pulls none of the server's dependencies (mysql-replication,
+FastAPI, uvicorn).
+"""
+
+from canal_client.connector import ClusterConnector, Connector, SimpleConnector
+from canal_client.model import Batch, Column, Entry, EntryType, Header, Position, RowChange
+
+__all__ = [
+    "Batch",
+    "ClusterConnector",
+    "Column",
+    "Connector",
+    "Entry",
+    "EntryType",
+    "Header",
+    "Position",
+    "RowChange",
+    "SimpleConnector",
+]

@@ -127,6 +127,7 @@ class Connector:
         self._epoch = 0
         self._last_leader: tuple[str, int | None] | None = None
         self._retry_after = 0.0
+        self._closing = threading.Event()
 
     # -- properties of the contract -----------------------------------------------------
 
@@ -154,14 +155,22 @@ class Connector:
         with self._lock:
             if self._channel is not None:
                 return
+            self._closing.clear()
             self._channel = HttpChannel(**self._channel_args)
             self._resolver.start()
             if self._gate is not None:
                 self._gate.start()
                 return
-        self._call("connect", lambda session: None)
+        try:
+            self._call("connect", lambda session: None)
+        except BaseException:
+            self.disconnect()
+            raise
 
     def disconnect(self) -> None:
+        """Stop; a call retrying in another thread gives up (``ClientError``)."""
+        self._closing.set()
+        self._resolver.close()  # wakes a retry waiting for a leader change
         with self._lock:
             if self._gate is not None:
                 self._gate.stop()
@@ -461,7 +470,7 @@ class Connector:
 
     def _require_channel(self) -> HttpChannel:
         channel = self._channel
-        if channel is None:
+        if channel is None or self._closing.is_set():
             raise ClientError(f"{self.destination}/{self.client_id}: not connected")
         return channel
 
@@ -540,7 +549,8 @@ class ClusterConnector(Connector):
 
     With etcd, ``exclusive=True`` adds the ClientRunningMonitor (one active consumer per
     client id; ``election`` tunes it). ``coordinator`` injects a ready Coordinator
-    (tests); otherwise one ``EtcdCoordinator`` is made and closed on ``disconnect``.
+    (tests); otherwise one ``EtcdCoordinator`` is made and closed on ``disconnect``, so
+    such a connector cannot connect again after ``disconnect`` (make a new one).
     """
 
     def __init__(

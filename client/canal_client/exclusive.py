@@ -85,9 +85,12 @@ class ActiveGate:
         return active and self._monitor.is_leader()
 
     def wait_active(self, timeout_s: float) -> bool:
-        with self._cond:
-            self._cond.wait_for(lambda: self._active_epoch is not None, timeout_s)
+        with self._cond:  # woken by on_gained (is_leader() is already true then)
+            self._cond.wait_for(self._active_now, timeout_s)
         return self.is_active()
+
+    def _active_now(self) -> bool:
+        return self._active_epoch is not None and self._monitor.is_leader()
 
     def _gained(self, epoch: int) -> None:
         log.info(

@@ -97,6 +97,9 @@ class StaticResolver(LeaderResolver):
         with self._lock:
             self._hint = normalize_url(url)
 
+    def start(self) -> None:
+        self._closed.clear()
+
     def wait_change(self, timeout_s: float) -> None:
         self._closed.wait(timeout_s)
 
@@ -119,6 +122,8 @@ class EtcdResolver(LeaderResolver):
         self._watch: Watch | None = None
 
     def start(self) -> None:
+        with self._cond:
+            self._closed = False
         if self._watch is None:
             self._watch = self._coord.watch(self.key, self._on_event)
             self.reload()
@@ -126,6 +131,7 @@ class EtcdResolver(LeaderResolver):
     def close(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
+            self._watch = None
         with self._cond:
             self._closed = True
             self._cond.notify_all()

@@ -12,7 +12,7 @@ Rows: see ``canal_client.spark_rows`` (one row per changed row; ``before``/``aft
 (comma-separated node URLs), ``destination``, ``clientId``, ``batchSize`` (entries per
 server batch, 1000), ``filter`` (table regex), ``token``, ``etcdPrefix`` (``/canal``),
 ``pollTimeoutMs`` (1000), ``maxBatchesPerTrigger`` (10), ``replayTimeoutS`` (120),
-``rowsPerPartition`` (50000), ``exclusive`` (false: one active consumer per client id).
+``rowsPerPartition`` (10000), ``exclusive`` (false: one active consumer per client id).
 
 How batches become micro-batches, exactly once with a checkpointed sink:
 
@@ -119,7 +119,7 @@ class CanalOptions:
     poll_timeout_s: float = 1.0
     max_batches_per_trigger: int = 10
     replay_timeout_s: float = 120.0
-    rows_per_partition: int = 50_000
+    rows_per_partition: int = 10_000
     exclusive: bool = False
     connector_factory: str = ""
 
@@ -147,7 +147,7 @@ class CanalOptions:
             poll_timeout_s=_int(opts, "pollTimeoutMs", 1000, 0, 600_000) / 1000,
             max_batches_per_trigger=_int(opts, "maxBatchesPerTrigger", 10, 1, 100_000),
             replay_timeout_s=float(_int(opts, "replayTimeoutS", 120, 1, 86_400)),
-            rows_per_partition=_int(opts, "rowsPerPartition", 50_000, 1, 10_000_000),
+            rows_per_partition=_int(opts, "rowsPerPartition", 10_000, 1, 10_000_000),
             exclusive=exclusive == "true",
             connector_factory=factory,
         )
@@ -248,7 +248,7 @@ class Ledger:
         self.batches = [b for b in self.batches if b[1] > upto]
         self.items = [it for it in self.items if it.key > upto]
         self.floor = max(self.floor, upto)
-        return self.batches[-1][0] if self.batches else (done[-1] if done else None)
+        return done[-1] if done else None
 
     def reset(self, floor: EntryKey) -> None:
         self.floor, self.items, self.batches = floor, [], []

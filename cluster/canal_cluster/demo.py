@@ -1,20 +1,27 @@
-"""What `canal-ha demo` shows until the server lands: a writer and a binlog tail.
+"""What `canal-ha demo` shows: a writer, the server nodes and `canal-ha consume`.
 
 A writer thread commits small transactions of inserts (plus some updates and deletes)
-into ``demo.orders`` on the sandbox primary at a target rate; a reader thread follows
-the primary's binlog with canal-ha's BinlogReader and counts the changed rows. The main
+into ``demo.orders`` on the sandbox primary at a target rate. With server nodes, a
+`canal-ha consume` process follows the leader and prints JSON Lines, which are counted
+here (distinct rows by binlog position, duplicates); its log lines about the leader are
+shown. ``kill_leader`` SIGKILLs the leader node mid-stream: the consumer follows the
+new leader and at the end every written row has been consumed (failover without loss).
+Without nodes a reader thread follows the binlog with canal-ha's BinlogReader. The main
 thread prints one live line: binlog position, rows written and rows read per second.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import IO, Any
 
 from canal_cluster.sandbox import Sandbox
 from canal_server.entry import Entry
@@ -35,6 +42,8 @@ SCHEMA = (
     " created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))",
 )
 TX_PER_S = 20
+CONSUMER_CLIENT_ID = "demo"
+LeaderFinder = Callable[[], dict[str, Any] | None]
 
 
 @dataclass
@@ -47,6 +56,60 @@ class Counter:
             self.value += n
 
 
+class ConsumerTail:
+    """A `canal-ha consume --format json` process; counts rows, forwards its leader log."""
+
+    def __init__(self, box: Sandbox, read: Counter) -> None:
+        argv = [sys.executable, "-m", "canal_cluster.cli", "consume",
+                "--etcd", ",".join(box.etcd_endpoints), "--destination", "example",
+                "--client-id", CONSUMER_CLIENT_ID, "--filter", "demo\\..*",
+                "--format", "json"]  # fmt: skip
+        self.read = read
+        self.seen: set[tuple[str, int, int]] = set()
+        self.duplicates = 0
+        self.position = ""
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+            start_new_session=True,  # Ctrl-C stops the demo, which then stops the consumer
+        )  # fmt: skip
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self._threads = [
+            threading.Thread(target=self._out, args=(self.proc.stdout,), daemon=True),
+            threading.Thread(target=self._err, args=(self.proc.stderr,), daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _out(self, stream: IO[str]) -> None:
+        for line in stream:
+            entry = json.loads(line)
+            h = entry["header"]
+            self.position = f"{h['logfile']}:{h.get('end_offset', h['offset'])}"
+            for i, _ in enumerate(entry["rows"]):
+                key = (h["logfile"], int(h["offset"]), i)
+                if key in self.seen:
+                    self.duplicates += 1
+                else:
+                    self.seen.add(key)
+                    self.read.add(1)
+
+    def _err(self, stream: IO[str]) -> None:
+        for line in stream:
+            if "leader" in line or "active" in line or "ERROR" in line:
+                print(f"\nconsumer: {line.rstrip()}", flush=True)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        for t in self._threads:
+            t.join(timeout=10)
+
+
 @dataclass
 class DemoRun:
     box: Sandbox
@@ -54,9 +117,13 @@ class DemoRun:
     written: Counter = field(default_factory=Counter)
     read: Counter = field(default_factory=Counter)
     position: str = ""
+    find_leader: LeaderFinder | None = None  # set: consume through the server nodes
+    kill_leader_after_s: float | None = None
+    killed: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _reader: BinlogReader | None = None
+    _consumer: ConsumerTail | None = None
     _start_at: EntryPosition = field(default_factory=EntryPosition)
     _started: float = 0.0
 
@@ -64,16 +131,39 @@ class DemoRun:
         self.box.primary.execute(*SCHEMA)
         journal, offset = self.box.primary.master_status()
         self.position = f"{journal}:{offset}"
-        self._start_at = EntryPosition(journal=journal, offset=offset)
-        d = self.box.primary.dsn()
-        config = ReaderConfig(master={k: d[k] for k in ("host", "port", "user", "password")},
-                              slave_id=4242, destination="demo")  # fmt: skip
-        self._reader = BinlogReader(config, self._sink)
         self._started = time.monotonic()
-        for target, name in ((self._write_loop, "demo-writer"), (self._read_loop, "demo-reader")):
+        targets = [(self._write_loop, "demo-writer")]
+        if self.find_leader is not None:
+            self._consumer = ConsumerTail(self.box, self.read)
+            if self.kill_leader_after_s is not None:
+                targets.append((self._kill_leader_later, "demo-killer"))
+        else:
+            self._start_at = EntryPosition(journal=journal, offset=offset)
+            d = self.box.primary.dsn()
+            config = ReaderConfig(master={k: d[k] for k in ("host", "port", "user", "password")},
+                                  slave_id=4242, destination="demo")  # fmt: skip
+            self._reader = BinlogReader(config, self._sink)
+            targets.append((self._read_loop, "demo-reader"))
+        for target, name in targets:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
+
+    def _kill_leader_later(self) -> None:
+        assert self.find_leader is not None and self.kill_leader_after_s is not None
+        if self._stop.wait(self.kill_leader_after_s):
+            return
+        leader = self.find_leader()
+        if leader is None:
+            print("\ndemo: no leader to kill right now", flush=True)
+            return
+        for proc in self.box.processes():
+            if proc.name == leader["node"] and proc.is_running():
+                proc.kill()
+                self.killed.append(leader["node"])
+                print(f"\ndemo: SIGKILL the leader {leader['node']} ({leader['url']}, "
+                      f"epoch {leader['epoch']}); the consumer follows the next one",
+                      flush=True)  # fmt: skip
 
     def _write_loop(self) -> None:
         per_tx = max(1, self.rate // TX_PER_S)
@@ -117,9 +207,11 @@ class DemoRun:
             now = time.monotonic()
             w, r = self.written.value, self.read.value
             dt = now - last_t
+            via = " and consumed by canal-ha consume" if self._consumer is not None else ""
+            position = (self._consumer.position if self._consumer else "") or self.position
             line = (
-                f"binlog {self.position}  written {w:,} rows ({(w - last_w) / dt:,.0f}/s)"
-                f"  read from binlog {r:,} rows ({(r - last_r) / dt:,.0f}/s)"
+                f"binlog {position}  written {w:,} rows ({(w - last_w) / dt:,.0f}/s)"
+                f"  read from binlog{via} {r:,} rows ({(r - last_r) / dt:,.0f}/s)"
             )
             print(f"\r{line}   " if tty else line, end="" if tty else "\n", flush=True)
             last_w, last_r, last_t = w, r, now
@@ -128,16 +220,34 @@ class DemoRun:
         if tty:
             print()
 
-    def stop(self) -> None:
+    def stop(self, catch_up_s: float = 60.0) -> None:
+        """Stop writing; with a consumer, give it ``catch_up_s`` to read every row."""
         self._stop.set()
         if self._reader is not None:
             self._reader.stop()
         for t in self._threads:
             t.join(timeout=10)
+        if self._consumer is not None:
+            deadline = time.monotonic() + catch_up_s
+            while (
+                self.read.value < self.written.value
+                and self._consumer.proc.poll() is None
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.2)
+            self._consumer.stop()
 
     def final_line(self) -> str:
         elapsed = max(time.monotonic() - self._started, 1e-9)
+        if self._consumer is None:
+            return (
+                f"demo: wrote {self.written.value:,} rows and read {self.read.value:,} from the "
+                f"binlog in {elapsed:.1f}s"
+            )
+        missing = max(self.written.value - self.read.value, 0)
+        killed = f"; SIGKILLed leader(s): {', '.join(self.killed)}" if self.killed else ""
         return (
-            f"demo: wrote {self.written.value:,} rows and read {self.read.value:,} from the binlog "
-            f"in {elapsed:.1f}s"
+            f"demo: wrote {self.written.value:,} rows; canal-ha consume got {self.read.value:,} "
+            f"distinct rows, {self._consumer.duplicates:,} duplicates, {missing:,} missing, "
+            f"in {elapsed:.1f}s{killed}"
         )

@@ -47,6 +47,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--rate", type=positive_int("--rate"), default=2000, help="rows/s to write")
     p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds (0 = never)")
     p.add_argument("--standby", action="store_true")
+    p.add_argument("--nodes", type=positive_int("--nodes"), default=3,
+                   help="server nodes; the rows are read with canal-ha consume (0: tail the "
+                        "binlog directly)")  # fmt: skip
+    p.add_argument("--kill-leader", type=float, nargs="?", const=10.0, default=None,
+                   metavar="S", help="SIGKILL the leader after S s (default 10): failover "
+                                     "without loss")  # fmt: skip
     p.set_defaults(func=demo)
 
 
@@ -248,19 +254,41 @@ def down(args: argparse.Namespace) -> int:
 def demo(args: argparse.Namespace) -> int:
     from canal_cluster.demo import DemoRun
 
+    if args.kill_leader is not None and args.nodes < 2:
+        raise ConfigError("--kill-leader", "needs --nodes 2 or more")
     box = start_sandbox(args.workdir, 1, args.standby)
-    print_summary(box, [])
-    run = DemoRun(box, rate=args.rate)
+    run: DemoRun | None = None
+    nodes: list[dict[str, Any]] = []
     stop = threading.Event()
     with _sigterm_as_interrupt():
         try:
+            nodes = start_nodes(box, args.nodes) if args.nodes else []
+            print_summary(box, nodes)
+            if nodes:
+                wait_for_leader(box, nodes)
+            run = DemoRun(box, rate=args.rate, kill_leader_after_s=args.kill_leader,
+                          find_leader=(lambda: _leader_of(nodes)) if nodes else None)  # fmt: skip
             run.start()
-            print("writing rows and reading them back from the binlog; Ctrl-C stops")
+            what = "consuming them with canal-ha consume" if nodes else "reading the binlog"
+            print(f"writing rows and {what}; Ctrl-C stops")
             run.report_until(stop, args.duration)
         except KeyboardInterrupt:
             print()
         finally:
-            run.stop()
+            if run is not None:
+                run.stop()
+            _stop_nodes(box, nodes)
             _stop(box)
-    print(run.final_line())
+    if run is not None:
+        print(run.final_line())
     return 0
+
+
+def _stop_nodes(box: Sandbox, nodes: list[dict[str, Any]]) -> None:
+    names = {n["name"] for n in nodes}
+    stopped = [p.name for p in box.processes() if p.name in names and p.is_running()]
+    for proc in box.processes():
+        if proc.name in stopped:
+            proc.stop(timeout_s=30)
+    if stopped:
+        print(f"canal-ha: stopped {', '.join(stopped)}")

@@ -18,8 +18,8 @@ commit order except for rewinds (redeliveries) and skips over optional changes
 (``order_violations``); every redelivery comes from a batch that was never acked, or
 was acked at most ``dup_window_s`` before a fault that preceded the redelivery
 (``dups_outside_bound``); a change nobody wrote is ``unexpected``; no epoch served by
-two nodes (``split_brain``). ``failover_s`` is, per fault, the time until a change
-committed after the fault was delivered.
+two nodes (``split_brain``). ``failover_s`` is, per fault, the longest time a
+consumer went without a new change around it (from its last progress before the fault).
 """
 
 from __future__ import annotations
@@ -205,9 +205,11 @@ def _dup_check(
                 result.duplicates += 1
                 acked = acks.get(prev.seq)
                 fault = _fault_before(faults, event.t)
-                if acked is None or acked > event.t:
-                    at_risk.add(prev.seq)
-                elif fault is not None and acked >= fault.t - dup_window_s:
+                if (
+                    acked is None
+                    or acked > event.t
+                    or (fault is not None and acked >= fault.t - dup_window_s)
+                ):
                     at_risk.add(prev.seq)
                 else:
                     result.dups_outside_bound += 1
@@ -217,25 +219,44 @@ def _dup_check(
     result.dup_bound += sum(len(by_seq[s].changes) for s in at_risk)
 
 
+def _progress_times(stream: Sequence[BatchSeen | AckSeen], known: set[ChangeId]) -> list[float]:
+    """When the stream received a change it had not seen before."""
+    seen: set[ChangeId] = set()
+    times: list[float] = []
+    for e in stream:
+        if isinstance(e, BatchSeen):
+            new = {cid for cid in e.changes if cid in known} - seen
+            if new:
+                seen |= new
+                times.append(e.t)
+    return times
+
+
 def _failover_times(
     faults: Sequence[Fault],
     history: Sequence[ExpectedChange],
     streams: Mapping[str, Sequence[BatchSeen | AckSeen]],
 ) -> list[float | None]:
-    committed = {c.id: c.t for c in history}
-    firsts: list[tuple[float, float]] = []  # (commit t, first delivery t)
-    for stream in streams.values():
-        seen: set[ChangeId] = set()
-        for e in stream:
-            if isinstance(e, BatchSeen):
-                for cid in e.changes:
-                    if cid not in seen and cid in committed:
-                        seen.add(cid)
-                        firsts.append((committed[cid], e.t))
+    """Per fault: the longest time a consumer went without new changes, from its last
+    progress before the fault to its progress before the next fault (None: no progress
+    after the fault)."""
+    known = {c.id for c in history}
+    progress = [_progress_times(s, known) for s in streams.values()]
+    ordered = sorted(faults, key=lambda f: f.t)
     out: list[float | None] = []
-    for f in faults:
-        after = [d for c, d in firsts if c > f.t]
-        out.append(round(min(after) - f.t, 3) if after else None)
+    for i, f in enumerate(ordered):
+        end = ordered[i + 1].t if i + 1 < len(ordered) else float("inf")
+        worst: float | None = None
+        for times in progress:
+            after = [x for x in times if f.t < x < end]
+            if not after:
+                worst = None
+                break
+            before = [x for x in times if x <= f.t]
+            points = [before[-1] if before else f.t, *after]
+            gap = max(b - a for a, b in zip(points, points[1:], strict=False))
+            worst = gap if worst is None else max(worst, gap)
+        out.append(None if worst is None else round(worst, 3))
     return out
 
 

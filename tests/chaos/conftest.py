@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from chaos.harness import ChaosRun
 from reader_fixtures import collect_leaked_sockets
 
 from canal_cluster.sandbox import Sandbox
+from chaos.harness import ChaosRun
 
 FULL_OPTION = "--chaos-full"
 
@@ -49,6 +49,7 @@ def chaos_run(
     made: list[ChaosRun] = []
 
     def make(box: Sandbox) -> ChaosRun:
+        collect_leaked_sockets()  # what starting a private sandbox left behind
         name = request.node.name.removeprefix("test_")
         run = ChaosRun(name, box, tmp_path)
         made.append(run)

@@ -27,6 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from node_fixtures import DEST, WAIT_S, NodeProc, node_config, start_nodes, wait_leader
+
+from canal_cluster.etcd_coordinator import EtcdCoordinator
+from canal_cluster.keys import Keys
+from canal_cluster.retry import wait_until
+from canal_cluster.sandbox import Sandbox
+from canal_cluster.sandbox.ports import free_port
+from canal_cluster.sandbox.process import ManagedProcess
+from canal_server.config import render_toml
 from chaos.checker import (
     AckSeen,
     BatchSeen,
@@ -36,13 +45,6 @@ from chaos.checker import (
     parse_consumer_log,
 )
 from chaos.load import LoadWriter
-from node_fixtures import DEST, WAIT_S, NodeProc, node_config, start_nodes, wait_leader
-
-from canal_cluster.retry import wait_until
-from canal_cluster.sandbox import Sandbox
-from canal_cluster.sandbox.ports import free_port
-from canal_cluster.sandbox.process import ManagedProcess
-from canal_server.config import render_toml
 
 __all__ = ["RESULTS", "ChaosRun", "ConsumerProc"]
 
@@ -132,9 +134,7 @@ class ChaosRun:
         proc.start()
         return NodeProc(node_id, port, cfg["node"]["advertise_url"], path, proc, prefix)
 
-    def start_consumer(
-        self, client_id: str, destination: str = DEST, *extra: str
-    ) -> ConsumerProc:
+    def start_consumer(self, client_id: str, destination: str = DEST, *extra: str) -> ConsumerProc:
         runs = self.consumers.setdefault((destination, client_id), [])
         name = f"{destination}-{client_id}-{len(runs)}"
         out = self.workdir / "consumers" / f"{name}.jsonl"
@@ -163,13 +163,55 @@ class ChaosRun:
                     h = node.health() if node.is_running() else None
                     for d in (h or {}).get("destinations", {}).values():
                         if d.get("role") == "leader":
-                            self.claims.add((int(d["epoch"]), node.id))
+                            self.claims.add((int(d["epoch"]), node.url))
 
         self._poller = threading.Thread(target=poll, name="chaos-poller", daemon=True)
         self._poller.start()
 
     def leader(self, destination: str = DEST, exclude: Sequence[NodeProc] = ()) -> NodeProc:
         return wait_leader(self.nodes, destination, WAIT_S, exclude)
+
+    def cursors(self) -> dict[tuple[str, str], bytes | None]:
+        """Each consumer's cursor as etcd has it (None: never flushed)."""
+        coord = EtcdCoordinator(self.box.etcd_endpoints, timeout_s=2.0)
+        keys = Keys(self.prefix)
+        try:
+            return {
+                (d, c): (kv.value if (kv := coord.get(keys.cursor(d, c))) is not None else None)
+                for d, c in self.consumers
+            }
+        finally:
+            coord.close()
+
+    def wait_consumers_ready(self, timeout_s: float = WAIT_S) -> None:
+        """Every consumer got changes and its cursor reached etcd: from here on a new
+        leader knows every client (before the first flush it would start at the end)."""
+        self.wait_delivered_after(time.time(), timeout_s)
+        wait_until(
+            lambda: all(v is not None for v in self.cursors().values()),
+            "consumer cursors flushed to etcd",
+            timeout_s,
+        )
+
+    def wait_ack(self, after_t: float, timeout_s: float = WAIT_S) -> float:
+        """The time of the first ack any consumer logged after ``after_t``."""
+        found: list[float] = []
+
+        def acked() -> bool:
+            for stream in self.streams().values():
+                found.extend(e.t for e in stream if isinstance(e, AckSeen) and e.t > after_t)
+            return bool(found)
+
+        wait_until(acked, f"an ack after {after_t}", timeout_s, max_interval_s=0.05)
+        return min(found)
+
+    def log_has(self, consumer: ConsumerProc, event: str, timeout_s: float = WAIT_S) -> None:
+        needle = f'"ev":"{event}"'
+        wait_until(
+            lambda: any(needle in line for line in consumer.lines()),
+            f"{event} in {consumer.out.name}",
+            timeout_s,
+        )
 
     def fault(self, kind: str) -> float:
         now = time.time()

@@ -20,18 +20,20 @@ exact:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
+import socket
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import pymysql
-from chaos.checker import ExpectedChange
 
 from canal_cluster.retry import wait_until
 from canal_cluster.sandbox.mariadb import MariaDBServer
+from chaos.checker import ExpectedChange
 
 __all__ = ["LoadWriter", "Op", "gtid_seq"]
 
@@ -256,15 +258,16 @@ class LoadWriter:
     def _close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            try:
+            with contextlib.suppress(pymysql.err.Error):
                 conn.close()
-            except pymysql.err.Error:
-                pass
 
     def _reconnect(self) -> None:
         def attempt() -> bool:
             if self._stop.is_set():
                 return True
+            # pymysql leaks its unix socket when the connect itself fails: probe first
+            if not _socket_accepts(str(self.server.socket)):
+                return False
             try:
                 self._conn = self._connect()
             except pymysql.err.Error:
@@ -299,7 +302,9 @@ class LoadWriter:
                 if txn.state == "uncertain":
                     after = dict(expected)
                     _apply_state(after, txn.ops)
-                    if all(db.get((o.table, o.key)) == after.get((o.table, o.key)) for o in txn.ops):
+                    if all(
+                        db.get((o.table, o.key)) == after.get((o.table, o.key)) for o in txn.ops
+                    ):
                         txn.state = "committed"
                         txn.t = time.time()
                         expected = after
@@ -323,6 +328,16 @@ class LoadWriter:
         for (table, key), v in db.items():
             self._maxver[(table, key)] = max(self._maxver.get((table, key), 0), v)
         self._next_key = max([self._next_key, *(k + 1 for _, k in db)])
+
+
+def _socket_accepts(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(2.0)
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
+    return True
 
 
 def _apply_state(state: dict[tuple[str, int], int], ops: tuple[Op, ...]) -> None:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import httpx
 import pytest
-from chaos.harness import ChaosRun
 from node_fixtures import DEST, FAST_ELECTION
 
 from canal_cluster.sandbox import Sandbox
+from chaos.harness import ChaosRun
 
 MakeRun = Callable[[Sandbox], ChaosRun]
 FLUSH_S = 0.2
@@ -31,6 +30,7 @@ def _kill_leader(run: ChaosRun) -> None:
 def test_leader_sigkill_once(sandbox: Sandbox, chaos_run: MakeRun) -> None:
     run = chaos_run(sandbox).start(3)
     run.start_consumer("c1")
+    run.wait_consumers_ready()
     _kill_leader(run)
     result = run.finish(dup_window_s=WINDOW_S)
     assert result.ok, result.line()
@@ -42,6 +42,7 @@ def test_leader_sigkill_once(sandbox: Sandbox, chaos_run: MakeRun) -> None:
 def test_leader_sigkill_repeated(sandbox: Sandbox, chaos_run: MakeRun) -> None:
     run = chaos_run(sandbox).start(3)
     run.start_consumer("c1")
+    run.wait_consumers_ready()
     for _ in range(10):
         _kill_leader(run)
     result = run.finish(dup_window_s=WINDOW_S)
@@ -54,6 +55,7 @@ def test_leader_sigkill_repeated(sandbox: Sandbox, chaos_run: MakeRun) -> None:
 def test_zombie_leader_neither_serves_nor_writes(sandbox: Sandbox, chaos_run: MakeRun) -> None:
     run = chaos_run(sandbox).start(3)
     run.start_consumer("c1")
+    run.wait_consumers_ready()
     zombie = run.leader()
     run.wait_delivered_after(time.time())
     old_epoch = zombie.health()["destinations"][DEST]["epoch"]  # type: ignore[index]
@@ -85,6 +87,7 @@ def test_short_pause_keeps_the_leader(sandbox: Sandbox, chaos_run: MakeRun) -> N
     budget = FAST_ELECTION["ttl_s"] - FAST_ELECTION["safety_margin_s"]  # 2 s
     run = chaos_run(sandbox).start(3)
     run.start_consumer("c1")
+    run.wait_consumers_ready()
     leader = run.leader()
     run.wait_delivered_after(time.time())
     epoch = leader.health()["destinations"][DEST]["epoch"]  # type: ignore[index]
@@ -98,7 +101,3 @@ def test_short_pause_keeps_the_leader(sandbox: Sandbox, chaos_run: MakeRun) -> N
     assert result.ok, result.line()
     assert result.epochs == [epoch]
     assert result.duplicates == 0
-
-
-def _unused() -> None:  # keep httpx imported for type checkers of the probe above
-    httpx.codes.OK

@@ -1,0 +1,143 @@
+"""The benchmark harness: a tiny run of the reader parts (JSON shape), report helpers.
+
+No timing asserts: the numbers of a loaded test machine mean nothing; only that the
+harness runs, counts every row and writes the documented JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.bench_common import (  # noqa: E402
+    Context,
+    NotYet,
+    Part,
+    Unavailable,
+    median_runs,
+    percentile,
+    run_part,
+)
+from benchmarks.bench_report import ratios, render_table  # noqa: E402
+
+SMOKE_PARTS = ("mariadb_binlog", "mysql_replication", "binlog_reader")
+SMOKE_ROWS = 10_000  # ten transactions: inserts, one update and one delete transaction
+
+
+def _run_harness(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the harness; on a timeout SIGTERM it (it then stops its sandbox) and fail."""
+    argv = [sys.executable, str(REPO / "benchmarks" / "run.py"), "--out", str(out), *args]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        stdout, stderr = proc.communicate(timeout=40)
+        pytest.fail(f"harness timed out:\n{stdout[-2000:]}\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+def test_reader_parts_write_the_documented_json(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    only = ",".join(SMOKE_PARTS)
+    done = _run_harness(out, "--rows", str(SMOKE_ROWS), "--only", only, "--repeat", "1")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+
+    machine = result["machine"]
+    assert machine["nproc"] >= 1 and machine["cpu_model"] and machine["memory_bytes"] > 0
+    assert machine["python"] == sys.version.split()[0]
+
+    binlog = result["binlog"]
+    assert binlog["rows"] == SMOKE_ROWS and binlog["transactions"] == 10
+    assert binlog["kinds"] == {"insert": 8000, "update": 1000, "delete": 1000}
+    assert len(binlog["tables"]) == 3 and binlog["files"]
+
+    assert list(result["parts"]) == list(SMOKE_PARTS)
+    for name, part in result["parts"].items():
+        assert part["status"] == "ok", (name, part)
+        assert part["rows"] == SMOKE_ROWS
+        assert part["rows_per_s"] > 0 and len(part["runs"]) == 1
+    assert result["ratios"]["mysql_replication"]["vs_mysql_replication"] == 1.0
+    assert result["ratios"]["mariadb_binlog"]["vs_c_decoder"] == 1.0
+    assert set(result["ratios"]["binlog_reader"]) == {"vs_mysql_replication", "vs_c_decoder"}
+    for title in ("mariadb-binlog", "mysql-replication loop", "BinlogReader", "machine:"):
+        assert title in done.stdout
+
+
+def test_unknown_part_is_a_usage_error(tmp_path: Path) -> None:
+    done = _run_harness(tmp_path / "x.json", "--only", "no_such_part")
+    assert done.returncode == 2 and "no_such_part" in done.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+def _ctx() -> Context:
+    return Context(sandbox=None, dataset=None, workdir=Path("."))  # type: ignore[arg-type]
+
+
+def test_a_failing_part_records_its_outcome_and_never_raises() -> None:
+    def boom(ctx: Context) -> dict[str, Any]:
+        raise RuntimeError("decoder exploded")
+
+    def missing(ctx: Context) -> dict[str, Any]:
+        raise Unavailable("npm not found")
+
+    def later(ctx: Context) -> dict[str, Any]:
+        raise NotYet("examples/spark_to_parquet.py does not exist yet")
+
+    error = run_part(Part("a", "A", boom), _ctx())
+    assert error["status"] == "error" and "decoder exploded" in error["error"]
+    assert run_part(Part("b", "B", missing), _ctx())["status"] == "unavailable"
+    record = run_part(Part("c", "C", later), _ctx())
+    assert record["status"] == "not yet" and "spark_to_parquet" in record["reason"]
+    assert record["title"] == "C" and record["wall_s"] >= 0
+
+
+def test_ratios_use_both_baselines_and_skip_missing_ones() -> None:
+    parts: dict[str, dict[str, Any]] = {
+        "mariadb_binlog": {"status": "ok", "rows_per_s": 1000.0},
+        "mysql_replication": {"status": "ok", "rows_per_s": 20.0},
+        "binlog_reader": {"status": "ok", "rows_per_s": 40.0},
+        "zongji": {"status": "unavailable", "reason": "no npm"},
+    }
+    got = ratios(parts)
+    assert got["binlog_reader"] == {"vs_mysql_replication": 2.0, "vs_c_decoder": 0.04}
+    assert "zongji" not in got
+    del parts["mariadb_binlog"]
+    assert ratios(parts)["binlog_reader"]["vs_c_decoder"] is None
+
+
+def test_table_shows_every_part_and_its_outcome() -> None:
+    result = {
+        "machine": {"nproc": 2, "cpu_model": "cpu", "memory_bytes": 2**30, "python": "3"},
+        "parts": {
+            "binlog_reader": {"status": "ok", "title": "reader", "rows_per_s": 5.0, "runs": [5]},
+            "e2e_msgpack": {"status": "not yet", "title": "e2e", "reason": "no node"},
+            "failover": {
+                "status": "ok", "title": "failover", "trials_s": [4.0, 5.0],
+                "median_s": 4.5, "max_s": 5.0, "election": {"ttl_s": 3, "switch_delay_s": 1},
+            },
+        },
+        "ratios": {"binlog_reader": {"vs_mysql_replication": None, "vs_c_decoder": None}},
+    }  # fmt: skip
+    text = render_table(result)
+    assert "reader" in text and "not yet" in text and "no node" in text
+    assert "median 4.50 s, max 5.00 s over 2 trials (ttl 3 s" in text
+
+
+def test_median_and_percentile() -> None:
+    runs = [{"rows_per_s": r, "seconds": s} for r, s in ((3.0, 1), (1.0, 3), (2.0, 2))]
+    med = median_runs(runs)
+    assert med["rows_per_s"] == 2.0 and med["seconds"] == 2 and med["runs"] == [3.0, 1.0, 2.0]
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0 and percentile(values, 99) == 99.0
+    assert percentile([7.0], 99) == 7.0
