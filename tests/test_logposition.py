@@ -85,3 +85,36 @@ def test_failback_persists_to_secondary_when_primary_fails() -> None:
     assert secondary.get_latest("d") == p1
     with pytest.raises(OSError):
         FailbackLogPositionManager(_Broken(), _Broken()).persist("d", p1)
+
+
+def test_clients_without_cursor_count_as_being_at_the_origin() -> None:
+    """A new leader must not start after changes a client has not acked yet."""
+    meta = MemoryMetaManager("d")
+    mgr = MetaLogPositionManager(lambda d: meta)
+    origin, p1, p2 = (position_of(e) for e in EntryFactory().rows(3))
+    assert mgr.get_latest("d") is None, "no origin, no clients: nothing known"
+    meta.set_origin(origin)
+    assert mgr.get_latest("d") == origin, "no clients yet: the origin"
+    meta.subscribe("acked", "")
+    meta.update_cursor("acked", p2)
+    assert mgr.get_latest("d") == p2
+    meta.subscribe("fresh", "")
+    assert mgr.get_latest("d") == origin, "a subscribed client without cursor holds the origin"
+    meta.update_cursor("fresh", p1)
+    assert mgr.get_latest("d") == p1
+
+
+def test_origin_is_part_of_snapshot_and_version() -> None:
+    meta = MemoryMetaManager("d")
+    origin = position_of(EntryFactory().rows(1)[0])
+    v = meta.version
+    meta.set_origin(origin)
+    assert meta.dirty_since(v)
+    v = meta.version
+    meta.set_origin(origin)
+    assert not meta.dirty_since(v), "setting the same origin is no change"
+    snap = meta.snapshot()
+    assert snap.origin == origin
+    again = MemoryMetaManager("d")
+    again.restore(type(snap).from_dict(snap.to_dict()))
+    assert again.origin() == origin

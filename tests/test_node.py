@@ -124,6 +124,35 @@ def test_sigkill_leader_another_serves_and_clients_continue(
     assert health is not None and health["destinations"][DEST]["role"] == "leader"
 
 
+def test_leader_killed_before_any_ack_loses_nothing(
+    node_cluster: Cluster,  # noqa: F811
+    table: Any,
+    coord: EtcdCoordinator,
+) -> None:
+    """No cursor in etcd yet: the new leader starts at the destination's origin, not at
+    the end of the binlog, so rows written while nobody had acked are delivered."""
+    nodes = node_cluster(3, destination={"filter": {"regex": f"{DB}\\..*"}})
+    old = wait_leader(nodes)
+    origin_key = Keys(old.prefix).origin(DEST)
+    wait_until(lambda: coord.get(origin_key) is not None, "origin recorded", WAIT_S)
+    with old.client() as http:
+        assert http.put(f"{base('c2')}/subscription", json={"filter": ""}).status_code == 200
+    for i in range(1, 4):
+        table.execute(f"INSERT INTO {DB}.t VALUES ({i})")
+    old.kill()
+    for i in range(4, 7):  # written while there is no leader
+        table.execute(f"INSERT INTO {DB}.t VALUES ({i})")
+    new = wait_leader(nodes, exclude=[old])
+    until_serving(new, f"{base('c2')}/subscription", {"filter": ""})
+    seen: list[int] = []
+    with new.client() as http:
+        while len(set(seen)) < 6:
+            batch = get_rows(http, "c2", size=10)
+            seen += ids_of(batch)
+            assert http.post(f"{base('c2')}/batches/{batch['id']}/ack").status_code == 200
+    assert seen == [1, 2, 3, 4, 5, 6]
+
+
 def test_sigterm_exits_0_releases_and_restarts_cleanly(
     node_cluster: Cluster,  # noqa: F811
     coord: EtcdCoordinator,

@@ -248,3 +248,19 @@ def test_stale_epoch_flush_on_etcd_makes_the_leader_step_down(etcd_endpoints: li
         zombie.stop()
         coord.delete(keys.prefix, prefix=True)
         coord.close()
+
+
+def test_origin_is_flushed_and_loaded_by_the_next_leader(
+    mem: MemoryCoordinator, meta: PeriodicMetaManager
+) -> None:
+    meta.set_origin(pos(4))
+    assert meta.flush()
+    assert stored(mem, Keys().origin(D)) == pos(4).to_dict()
+    meta.deactivate(final_flush=False)
+    other = PeriodicMetaManager(mem, Keys(), D, flush_period_ms=3_600_000)
+    other.activate(lead_again(mem))
+    try:
+        assert other.origin() == pos(4)
+        assert other.clients() == []
+    finally:
+        other.deactivate(final_flush=False)

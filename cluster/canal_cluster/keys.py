@@ -71,6 +71,10 @@ class Keys:
         """The leader record of ``destination``."""
         return f"{self.destination_prefix(destination)}running"
 
+    def origin(self, destination: str) -> str:
+        """Where the destination's history starts (the first leader's start position)."""
+        return f"{self.destination_prefix(destination)}origin"
+
     def destination_nodes_prefix(self, destination: str) -> str:
         return f"{self.destination_prefix(destination)}cluster/"
 

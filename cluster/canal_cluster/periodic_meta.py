@@ -69,6 +69,8 @@ def encode_meta(keys: Keys, snapshot: MetaSnapshot) -> dict[str, bytes]:
             out[keys.cursor(d, client)] = _json(meta.cursor.to_dict())
         for batch_id, positions in meta.batches:
             out[keys.mark(d, client, batch_id)] = _json(positions.to_dict())
+    if snapshot.origin is not None:
+        out[keys.origin(d)] = _json(snapshot.origin.to_dict())
     return out
 
 
@@ -76,7 +78,11 @@ def decode_meta(keys: Keys, destination: str, stored: Mapping[str, bytes]) -> Me
     """The snapshot that etcd's keys under the destination stand for (inverse of encode)."""
     parts: dict[str, dict[str, Any]] = {}
     base = keys.destination_prefix(destination)
+    origin: LogPosition | None = None
     for key, value in stored.items():
+        if key == keys.origin(destination):
+            origin = LogPosition.from_dict(json.loads(value))
+            continue
         client, _, rest = key[len(base) :].partition("/")
         entry = parts.setdefault(client, {"batches": []})
         data = json.loads(value)
@@ -87,7 +93,7 @@ def decode_meta(keys: Keys, destination: str, stored: Mapping[str, bytes]) -> Me
         elif rest.startswith("mark/"):
             entry["batches"].append((Keys.batch_id_of(key), data))
     clients = {c: _client_meta(e) for c, e in parts.items()}
-    return MetaSnapshot(destination, MappingProxyType(clients))
+    return MetaSnapshot(destination, MappingProxyType(clients), origin=origin)
 
 
 def _client_meta(e: Mapping[str, Any]) -> ClientMeta:
@@ -100,6 +106,8 @@ def _client_meta(e: Mapping[str, Any]) -> ClientMeta:
 
 
 def _is_meta_key(keys: Keys, destination: str, key: str) -> bool:
+    if key == keys.origin(destination):
+        return True
     rest = key[len(keys.destination_prefix(destination)) :]
     client, _, kind = rest.partition("/")
     if client in ("running", "cluster") or not kind:
@@ -271,6 +279,12 @@ class PeriodicMetaManager(MetaManager):
 
     def last_batch_id(self, client: str) -> int:
         return self._memory.last_batch_id(client)
+
+    def origin(self) -> LogPosition | None:
+        return self._memory.origin()
+
+    def set_origin(self, position: LogPosition) -> None:
+        self._memory.set_origin(position)
 
     @property
     def version(self) -> int:

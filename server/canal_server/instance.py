@@ -31,6 +31,7 @@ from typing import Any
 from canal_cluster.coordinator import Coordinator
 from canal_cluster.errors import (
     BinlogConfigError,
+    CoordinatorUnavailable,
     PositionNotFound,
     PurgedPosition,
     StoreClosed,
@@ -50,6 +51,7 @@ from canal_server.logposition import (
     MetaLogPositionManager,
 )
 from canal_server.metrics import InstanceMetrics
+from canal_server.positions import LogPosition
 from canal_server.reader import BinlogReader, DetectingConfig, ReaderConfig, RunResult
 from canal_server.store import EventStore
 
@@ -301,6 +303,18 @@ class Instance:
             "idle", term.status.error, term.status.error_type, term.status.start
         )
 
+    def _record_origin(self, origin: LogPosition, term: _Term) -> None:
+        """The first leader of a destination records where its history starts, at once:
+        a client that has not acked yet counts as being there (MetaLogPositionManager)."""
+        if self.meta.origin() is not None:
+            return
+        self.meta.set_origin(origin)
+        try:
+            self.meta.flush()
+        except CoordinatorUnavailable as exc:  # the periodic flush retries it
+            log.warning("%s: origin not flushed yet (epoch %d): %s", self.name, term.epoch, exc)
+        log.info("%s: origin of the destination is %s (epoch %d)", self.name, origin, term.epoch)
+
     def _read_once(self, term: _Term) -> str:
         reader = term.reader
         term.status = ReaderStatus("finding")
@@ -309,6 +323,7 @@ class Instance:
         if term.stop.is_set():
             return RunResult.STOPPED
         start = found.position
+        self._record_origin(LogPosition(found.identity, start), term)
         term.status = ReaderStatus(
             "running", start={**start.to_dict(), "reasons": [str(r) for r in found.reasons]}
         )

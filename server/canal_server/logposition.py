@@ -4,6 +4,9 @@
   right while this process keeps leading.
 * ``MetaLogPositionManager``: the minimum cursor over a destination's clients (Canal's
   ``min_position`` rule), read from its MetaManager; what a new leader resumes from.
+  A client that has no cursor yet (or no client at all) counts as being at the
+  destination's origin (the first leader's start position), so changes nobody
+  acked are never skipped by a new leader.
   ``persist`` is a no-op: cursors are written by acks.
 * ``FailbackLogPositionManager``: ``get_latest`` asks the primary, then the secondary;
   ``persist`` writes to the primary, and to the secondary only if the primary fails.
@@ -76,11 +79,14 @@ class MetaLogPositionManager(LogPositionManager):
         meta = self._lookup(destination)
         if meta is None:
             return None
+        origin = meta.origin()
+        clients = meta.clients()
+        cursors = [meta.cursor(c) for c in clients]
+        candidates = [c if c is not None else origin for c in cursors] if clients else [origin]
         result: LogPosition | None = None
-        for client in meta.clients():
-            cursor = meta.cursor(client)
-            if cursor is not None:
-                result = cursor if result is None else min_position(result, cursor)
+        for position in candidates:
+            if position is not None:
+                result = position if result is None else min_position(result, position)
         return result
 
     def persist(self, destination: str, position: LogPosition) -> None:

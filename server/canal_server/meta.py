@@ -95,18 +95,23 @@ class MetaSnapshot:
     destination: str
     clients: Mapping[str, ClientMeta] = field(default_factory=dict)
     version: int = 0
+    origin: LogPosition | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "destination": self.destination,
             "version": self.version,
             "clients": {c: m.to_dict() for c, m in sorted(self.clients.items())},
+            "origin": self.origin.to_dict() if self.origin else None,
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> MetaSnapshot:
         clients = {str(c): ClientMeta.from_dict(m) for c, m in d.get("clients", {}).items()}
-        return cls(str(d["destination"]), MappingProxyType(clients), int(d.get("version", 0)))
+        origin = LogPosition.from_dict(d["origin"]) if d.get("origin") else None
+        return cls(
+            str(d["destination"]), MappingProxyType(clients), int(d.get("version", 0)), origin
+        )
 
 
 class MetaManager(ABC):
@@ -175,6 +180,16 @@ class MetaManager(ABC):
         return self.version != version
 
     @abstractmethod
+    def origin(self) -> LogPosition | None:
+        """Where the destination's history starts: the first leader's start position.
+
+        A client without a cursor counts as being here, so a new leader never starts
+        after changes that such a client has not acked yet."""
+
+    @abstractmethod
+    def set_origin(self, position: LogPosition) -> None: ...
+
+    @abstractmethod
     def snapshot(self) -> MetaSnapshot: ...
 
     @abstractmethod
@@ -206,6 +221,7 @@ class MemoryMetaManager(MetaManager):
         self.destination = destination
         self._lock = threading.RLock()
         self._clients: dict[str, _Client] = {}
+        self._origin: LogPosition | None = None
         self._version = 0
 
     def _changed(self) -> None:
@@ -294,6 +310,16 @@ class MemoryMetaManager(MetaManager):
             c = self._clients.get(client)
             return c.last_batch_id if c is not None else 0
 
+    def origin(self) -> LogPosition | None:
+        with self._lock:
+            return self._origin
+
+    def set_origin(self, position: LogPosition) -> None:
+        with self._lock:
+            if self._origin != position:
+                self._origin = position
+                self._changed()
+
     @property
     def version(self) -> int:
         with self._lock:
@@ -302,7 +328,9 @@ class MemoryMetaManager(MetaManager):
     def snapshot(self) -> MetaSnapshot:
         with self._lock:
             clients = {k: c.frozen() for k, c in self._clients.items()}
-            return MetaSnapshot(self.destination, MappingProxyType(clients), self._version)
+            return MetaSnapshot(
+                self.destination, MappingProxyType(clients), self._version, self._origin
+            )
 
     def restore(self, snapshot: MetaSnapshot) -> None:
         if snapshot.destination != self.destination:
@@ -311,4 +339,5 @@ class MemoryMetaManager(MetaManager):
             )
         with self._lock:
             self._clients = {k: _Client.thaw(m) for k, m in snapshot.clients.items()}
+            self._origin = snapshot.origin
             self._version = max(self._version, snapshot.version) + 1
