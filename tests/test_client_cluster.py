@@ -196,8 +196,7 @@ def test_disconnect_stops_a_call_waiting_for_a_leader() -> None:
     )
     conn.connect()
     conn.subscribe()
-    coord.delete(RUNNING)  # the leader is gone: calls wait for the next one
-    fake.down.add(A)
+    fake.down.add(A)  # the leader died; its running key has not expired yet
     failures: list[BaseException] = []
 
     def call() -> None:

@@ -245,15 +245,26 @@ class LoadWriter:
     # -- connections and resync -------------------------------------------------------------
 
     def _connect(self) -> Any:
-        return pymysql.connect(
+        """A root connection over the unix socket. The socket is ours: pymysql leaks
+        the one it makes when the connect fails (the server just died)."""
+        conn = pymysql.connect(
             unix_socket=str(self.server.socket),
             user="root",
             autocommit=True,
-            connect_timeout=2,
             read_timeout=10,
             write_timeout=10,
             charset="utf8mb4",
+            defer_connect=True,
         )
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(2.0)
+            sock.connect(str(self.server.socket))
+            conn.connect(sock)
+        except (OSError, pymysql.err.Error) as exc:
+            sock.close()
+            raise pymysql.err.OperationalError(2002, f"connect failed: {exc}") from exc
+        return conn
 
     def _close(self) -> None:
         conn, self._conn = self._conn, None
@@ -265,9 +276,6 @@ class LoadWriter:
         def attempt() -> bool:
             if self._stop.is_set():
                 return True
-            # pymysql leaks its unix socket when the connect itself fails: probe first
-            if not _socket_accepts(str(self.server.socket)):
-                return False
             try:
                 self._conn = self._connect()
             except pymysql.err.Error:
@@ -328,16 +336,6 @@ class LoadWriter:
         for (table, key), v in db.items():
             self._maxver[(table, key)] = max(self._maxver.get((table, key), 0), v)
         self._next_key = max([self._next_key, *(k + 1 for _, k in db)])
-
-
-def _socket_accepts(path: str) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(2.0)
-        try:
-            sock.connect(path)
-        except OSError:
-            return False
-    return True
 
 
 def _apply_state(state: dict[tuple[str, int], int], ops: tuple[Op, ...]) -> None:
