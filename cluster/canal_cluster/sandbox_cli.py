@@ -217,27 +217,35 @@ def _stop(box: Sandbox) -> None:
 
 
 def up(args: argparse.Namespace) -> int:
-    box = start_sandbox(args.workdir, args.etcd_members, args.standby)
+    """Start everything; stop it all on Ctrl-C/SIGTERM at any moment, even mid-start."""
+    started: list[Sandbox] = []
     with _sigterm_as_interrupt():
         try:
-            nodes = start_nodes(box, args.nodes) if args.nodes else []
-            print_summary(box, nodes)
-            if nodes:
-                leader = wait_for_leader(box, nodes)
-                print(f"  leader   {leader['node']} {leader['url']} "
-                      f"(destination {DESTINATION}, epoch {leader['epoch']})")  # fmt: skip
+            box = start_sandbox(args.workdir, args.etcd_members, args.standby)
+            started.append(box)
+            _serve_up(box, args)
             if args.detach:
-                print(f"detached; stop with: canal-ha down --workdir {args.workdir}")
-                return 0
-            print("running; Ctrl-C stops everything")
-            _wait_forever(box)
+                started.clear()  # keeps running; `canal-ha down` stops it
         except KeyboardInterrupt:
             print()
-        except BaseException:
-            _stop(box)
-            raise
-    _stop(box)
+        finally:
+            for box in started:
+                _stop(box)
     return 0
+
+
+def _serve_up(box: Sandbox, args: argparse.Namespace) -> None:
+    nodes = start_nodes(box, args.nodes) if args.nodes else []
+    print_summary(box, nodes)
+    if nodes:
+        leader = wait_for_leader(box, nodes)
+        print(f"  leader   {leader['node']} {leader['url']} "
+              f"(destination {DESTINATION}, epoch {leader['epoch']})")  # fmt: skip
+    if args.detach:
+        print(f"detached; stop with: canal-ha down --workdir {args.workdir}")
+        return
+    print("running; Ctrl-C stops everything")
+    _wait_forever(box)
 
 
 def down(args: argparse.Namespace) -> int:
@@ -256,12 +264,13 @@ def demo(args: argparse.Namespace) -> int:
 
     if args.kill_leader is not None and args.nodes < 2:
         raise ConfigError("--kill-leader", "needs --nodes 2 or more")
-    box = start_sandbox(args.workdir, 1, args.standby)
+    box: Sandbox | None = None
     run: DemoRun | None = None
     nodes: list[dict[str, Any]] = []
     stop = threading.Event()
     with _sigterm_as_interrupt():
         try:
+            box = start_sandbox(args.workdir, 1, args.standby)
             nodes = start_nodes(box, args.nodes) if args.nodes else []
             print_summary(box, nodes)
             if nodes:
@@ -277,8 +286,9 @@ def demo(args: argparse.Namespace) -> int:
         finally:
             if run is not None:
                 run.stop()
-            _stop_nodes(box, nodes)
-            _stop(box)
+            if box is not None:
+                _stop_nodes(box, nodes)
+                _stop(box)
     if run is not None:
         print(run.final_line())
     return 0
