@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from canal_cluster.console import say
 from canal_cluster.sandbox import Sandbox
 from canal_server.entry import Entry
 from canal_server.positions import EntryPosition
@@ -96,7 +97,7 @@ class ConsumerTail:
     def _err(self, stream: IO[str]) -> None:
         for line in stream:
             if "leader" in line or "active" in line or "ERROR" in line:
-                print(f"\nconsumer: {line.rstrip()}", flush=True)
+                say(f"\nconsumer: {line.rstrip()}", flush=True)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -155,13 +156,13 @@ class DemoRun:
             return
         leader = self.find_leader()
         if leader is None:
-            print("\ndemo: no leader to kill right now", flush=True)
+            say("\ndemo: no leader to kill right now", flush=True)
             return
         for proc in self.box.processes():
             if proc.name == leader["node"] and proc.is_running():
                 proc.kill()
                 self.killed.append(leader["node"])
-                print(f"\ndemo: SIGKILL the leader {leader['node']} ({leader['url']}, "
+                say(f"\ndemo: SIGKILL the leader {leader['node']} ({leader['url']}, "
                       f"epoch {leader['epoch']}); the consumer follows the next one",
                       flush=True)  # fmt: skip
 
@@ -213,12 +214,12 @@ class DemoRun:
                 f"binlog {position}  written {w:,} rows ({(w - last_w) / dt:,.0f}/s)"
                 f"  read from binlog{via} {r:,} rows ({(r - last_r) / dt:,.0f}/s)"
             )
-            print(f"\r{line}   " if tty else line, end="" if tty else "\n", flush=True)
+            say(f"\r{line}   " if tty else line, end="" if tty else "\n", flush=True)
             last_w, last_r, last_t = w, r, now
             if duration_s and now - self._started >= duration_s:
                 break
         if tty:
-            print()
+            say()
 
     def stop(self, catch_up_s: float = 60.0) -> None:
         """Stop writing; with a consumer, give it ``catch_up_s`` to read every row."""

@@ -15,6 +15,7 @@ from types import FrameType
 from typing import Any
 
 from canal_cluster.cli import positive_int
+from canal_cluster.console import say
 from canal_cluster.errors import ConfigError, RetryExhausted, SandboxStartError, SandboxStateError
 from canal_cluster.retry import wait_until
 from canal_cluster.sandbox import STATE_FILE, Sandbox
@@ -96,7 +97,7 @@ def start_sandbox(workdir: Path, etcd_members: int, standby: bool) -> Sandbox:
     _refuse_if_running(workdir)
     t0 = time.monotonic()
     box = Sandbox(workdir, etcd_members=etcd_members, standby=standby).start()
-    print(f"canal-ha sandbox up in {time.monotonic() - t0:.1f}s ({box.workdir})")
+    say(f"canal-ha sandbox up in {time.monotonic() - t0:.1f}s ({box.workdir})")
     return box
 
 
@@ -113,7 +114,7 @@ def print_summary(box: Sandbox, nodes: list[dict[str, Any]]) -> None:
     logs = "{etcd/*/etcd.log,primary/error.log,standby/error.log,nodes/*.log}"
     rows.append(("logs", f"{box.workdir}/{logs}"))
     for key, value in rows:
-        print(f"  {key:<8} {value}")
+        say(f"  {key:<8} {value}")
 
 
 # -- server nodes --------------------------------------------------------------------------
@@ -208,12 +209,12 @@ def _wait_forever(box: Sandbox) -> None:
         time.sleep(1.0)
         dead = [p.name for p in box.processes() if not p.is_running()]
         if dead:
-            print(f"canal-ha: {', '.join(dead)} exited; see the logs in {box.workdir}")
+            say(f"canal-ha: {', '.join(dead)} exited; see the logs in {box.workdir}")
 
 
 def _stop(box: Sandbox) -> None:
     stopped = box.stop()
-    print(f"canal-ha: stopped {', '.join(stopped) if stopped else 'nothing (all had exited)'}")
+    say(f"canal-ha: stopped {', '.join(stopped) if stopped else 'nothing (all had exited)'}")
 
 
 def up(args: argparse.Namespace) -> int:
@@ -227,7 +228,7 @@ def up(args: argparse.Namespace) -> int:
             if args.detach:
                 started.clear()  # keeps running; `canal-ha down` stops it
         except KeyboardInterrupt:
-            print()
+            say()
         finally:
             for box in started:
                 _stop(box)
@@ -239,12 +240,12 @@ def _serve_up(box: Sandbox, args: argparse.Namespace) -> None:
     print_summary(box, nodes)
     if nodes:
         leader = wait_for_leader(box, nodes)
-        print(f"  leader   {leader['node']} {leader['url']} "
+        say(f"  leader   {leader['node']} {leader['url']} "
               f"(destination {DESTINATION}, epoch {leader['epoch']})")  # fmt: skip
     if args.detach:
-        print(f"detached; stop with: canal-ha down --workdir {args.workdir}")
+        say(f"detached; stop with: canal-ha down --workdir {args.workdir}")
         return
-    print("running; Ctrl-C stops everything")
+    say("running; Ctrl-C stops everything")
     _wait_forever(box)
 
 
@@ -253,9 +254,9 @@ def down(args: argparse.Namespace) -> int:
     before = {p.name: p.pid for p in box.processes()}
     stopped = box.stop()
     if not stopped:
-        print(f"canal-ha down: nothing was running in {box.workdir}")
+        say(f"canal-ha down: nothing was running in {box.workdir}")
     for name in stopped:
-        print(f"stopped {name} (pid {before[name]})")
+        say(f"stopped {name} (pid {before[name]})")
     return 0
 
 
@@ -279,10 +280,10 @@ def demo(args: argparse.Namespace) -> int:
                           find_leader=(lambda: _leader_of(nodes)) if nodes else None)  # fmt: skip
             run.start()
             what = "consuming them with canal-ha consume" if nodes else "reading the binlog"
-            print(f"writing rows and {what}; Ctrl-C stops")
+            say(f"writing rows and {what}; Ctrl-C stops")
             run.report_until(stop, args.duration)
         except KeyboardInterrupt:
-            print()
+            say()
         finally:
             if run is not None:
                 run.stop()
@@ -290,7 +291,7 @@ def demo(args: argparse.Namespace) -> int:
                 _stop_nodes(box, nodes)
                 _stop(box)
     if run is not None:
-        print(run.final_line())
+        say(run.final_line())
     return 0
 
 
@@ -301,4 +302,4 @@ def _stop_nodes(box: Sandbox, nodes: list[dict[str, Any]]) -> None:
         if proc.name in stopped:
             proc.stop(timeout_s=30)
     if stopped:
-        print(f"canal-ha: stopped {', '.join(stopped)}")
+        say(f"canal-ha: stopped {', '.join(stopped)}")

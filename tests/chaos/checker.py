@@ -24,6 +24,7 @@ consumer went without a new change around it (from its last progress before the 
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -254,7 +255,7 @@ def _failover_times(
                 break
             before = [x for x in times if x <= f.t]
             points = [before[-1] if before else f.t, *after]
-            gap = max(b - a for a, b in zip(points, points[1:], strict=False))
+            gap = max(b - a for a, b in itertools.pairwise(points))
             worst = gap if worst is None else max(worst, gap)
         out.append(None if worst is None else round(worst, 3))
     return out

@@ -4,11 +4,13 @@ Every scenario is marked ``chaos``; the slow ones also ``chaos_full``. ``chaos_f
 tests are *deselected* (not skipped) unless ``--chaos-full`` is given::
 
     .venv/bin/pytest tests/chaos --chaos-full        # every scenario
+    CANAL_CHAOS_FULL=1 bash scripts/test.sh          # the same, inside the whole suite
     .venv/bin/pytest tests/chaos                     # the quick subset
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from canal_cluster.sandbox import Sandbox
 from chaos.harness import ChaosRun
 
 FULL_OPTION = "--chaos-full"
+FULL_ENV = "CANAL_CHAOS_FULL"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -31,7 +34,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption(FULL_OPTION, default=False):
+    # --chaos-full exists when this conftest is an initial one (pytest tests/chaos ...);
+    # CANAL_CHAOS_FULL=1 works for any invocation (pytest tests, scripts/test.sh).
+    if config.getoption(FULL_OPTION, default=False) or os.environ.get(FULL_ENV) == "1":
         return
     keep = [i for i in items if i.get_closest_marker("chaos_full") is None]
     dropped = [i for i in items if i.get_closest_marker("chaos_full") is not None]

@@ -90,19 +90,29 @@ class ChaosRun:
     def prefix(self) -> str:
         return self.nodes[0].prefix
 
-    def start(self, nodes: int = 3, rate_txn_s: float = 40.0, **overrides: Any) -> ChaosRun:
+    def start(
+        self, nodes: int = 3, rate_txn_s: float = 40.0, load: bool = True, **overrides: Any
+    ) -> ChaosRun:
         """Tables, ``nodes`` nodes (one destination, filtered to the load's tables), the
-        leader poller; the load starts once a leader reads."""
+        leader poller; the load starts once a leader reads (``load=False``: call
+        ``start_load`` yourself, e.g. after several clients subscribed: a client that
+        subscribes later starts where the store is then)."""
         self.writer = LoadWriter(self.box.primary, self.tag, rate_txn_s).setup()
         dest = {"filter": {"regex": self.writer.filter_regex}, **overrides.pop("destination", {})}
         self.nodes = start_nodes(self.box, nodes, self.workdir, destination=dest, **overrides)
         self._start_poller()
         self.leader()
-        self.writer.start()
+        if load:
+            self.writer.start()
         return self
 
+    def start_load(self) -> None:
+        assert self.writer is not None
+        self.writer.start()
+
     def start_multi(self, destinations: Sequence[str], nodes: int = 3, **overrides: Any) -> None:
-        """Like ``start`` with several destinations (same tables, own slave ids)."""
+        """Like ``start(load=False)`` with several destinations (same tables, own slave
+        ids)."""
         self.writer = LoadWriter(self.box.primary, self.tag).setup()
         self.destinations = tuple(destinations)
         prefix = f"/t{uuid.uuid4().hex[:12]}"
@@ -121,7 +131,6 @@ class ChaosRun:
         self._start_poller()
         for d in destinations:
             self.leader(d)
-        self.writer.start()
 
     def _spawn(self, cfg: dict[str, Any], prefix: str, port: int) -> NodeProc:
         node_id = cfg["node"]["id"]
@@ -182,6 +191,21 @@ class ChaosRun:
             }
         finally:
             coord.close()
+
+    def wait_subscribed(self, timeout_s: float = WAIT_S) -> None:
+        """Every consumer's subscription reached etcd."""
+
+        def subscribed() -> bool:
+            coord = EtcdCoordinator(self.box.etcd_endpoints, timeout_s=2.0)
+            keys = Keys(self.prefix)
+            try:
+                return all(
+                    coord.get(keys.subscription(d, c)) is not None for d, c in self.consumers
+                )
+            finally:
+                coord.close()
+
+        wait_until(subscribed, "consumer subscriptions in etcd", timeout_s)
 
     def wait_consumers_ready(self, timeout_s: float = WAIT_S) -> None:
         """Every consumer got changes and its cursor reached etcd: from here on a new

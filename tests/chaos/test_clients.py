@@ -60,6 +60,8 @@ def test_three_destinations_three_clients(sandbox: Sandbox, chaos_run: MakeRun) 
     for d in dests:
         for c in ("c1", "c2", "c3"):
             run.start_consumer(c, d)
+    run.wait_subscribed()
+    run.start_load()
     run.wait_consumers_ready()
     leader = run.leader("d1")
     run.fault(f"SIGKILL {leader.id} (leads d1)")
@@ -69,4 +71,5 @@ def test_three_destinations_three_clients(sandbox: Sandbox, chaos_run: MakeRun) 
     run.wait_delivered_after(time.time())
     result = run.finish(dup_window_s=0.2 + 1.0)
     assert result.ok, result.line()
-    assert result.required == 9 * sum(1 for c in run.writer.history() if c.required)  # type: ignore[union-attr]
+    assert run.writer is not None
+    assert result.required == 9 * sum(1 for c in run.writer.history() if c.required)

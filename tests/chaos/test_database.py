@@ -9,12 +9,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from conftest import SandboxFactory
 from node_fixtures import DEST
 
 from canal_cluster.retry import wait_until
 from canal_cluster.sandbox import Sandbox
 from chaos.harness import ChaosRun
-from conftest import SandboxFactory
 
 MakeRun = Callable[[Sandbox], ChaosRun]
 FALLBACK_S = 5

@@ -6,12 +6,12 @@ import time
 from collections.abc import Callable
 
 import pytest
+from conftest import SandboxFactory
 from node_fixtures import DEST
 
 from canal_cluster.retry import wait_until
 from canal_cluster.sandbox import Sandbox
 from chaos.harness import ChaosRun
-from conftest import SandboxFactory
 
 MakeRun = Callable[[Sandbox], ChaosRun]
 WINDOW_S = 0.2 + 1.0
@@ -19,9 +19,7 @@ WINDOW_S = 0.2 + 1.0
 
 @pytest.mark.chaos
 @pytest.mark.chaos_full
-def test_one_of_three_etcd_members_killed(
-    make_sandbox: SandboxFactory, chaos_run: MakeRun
-) -> None:
+def test_one_of_three_etcd_members_killed(make_sandbox: SandboxFactory, chaos_run: MakeRun) -> None:
     box = make_sandbox(etcd_members=3)
     run = chaos_run(box).start(3)
     run.start_consumer("c1")

@@ -78,8 +78,8 @@ def test_zombie_leader_neither_serves_nor_writes(sandbox: Sandbox, chaos_run: Ma
     assert run.leader().id == new.id
     result = run.finish(dup_window_s=WINDOW_S)
     assert result.ok, result.line()
-    assert (old_epoch, zombie.id) in run.claims
-    assert all(node == new.id for e, node in run.claims if e > old_epoch)
+    assert (old_epoch, zombie.url) in run.claims
+    assert all(url == new.url for e, url in run.claims if e > old_epoch)
 
 
 @pytest.mark.chaos
