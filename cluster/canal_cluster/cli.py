@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -71,6 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CanalError as exc:
         print(f"canal-ha {args.command}: {exc}", file=sys.stderr)
         return EXIT_RUNTIME
+    except BrokenPipeError:  # `canal-ha status | head`: the reader left, nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 if __name__ == "__main__":
