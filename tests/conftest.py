@@ -15,6 +15,9 @@ import pytest
 
 from canal_cluster.sandbox import Sandbox
 
+# Fixture modules shared by several test files, registered once here.
+pytest_plugins = ("reader_fixtures",)
+
 
 @pytest.fixture(scope="session")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:

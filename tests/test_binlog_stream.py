@@ -24,8 +24,6 @@ from canal_server.binlog_stream import (
     open_stream,
 )
 
-pytest_plugins = ("reader_fixtures",)
-
 GOOD = {
     "log_bin": "ON",
     "binlog_format": "ROW",

@@ -19,8 +19,6 @@ from canal_server.entry import Column, Entry, EntryType
 from canal_server.positions import EntryPosition
 from canal_server.reader import BinlogReader, ReaderConfig
 
-pytest_plugins = ("reader_fixtures",)
-
 DB = "t_types"
 COLUMNS = """
   id INT PRIMARY KEY,

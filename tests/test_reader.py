@@ -30,8 +30,6 @@ from canal_server.reader import (
     classify_ddl,
 )
 
-pytest_plugins = ("reader_fixtures",)
-
 FAST_RETRY = RetryPolicy(initial_s=0.05, multiplier=2.0, max_delay_s=0.5)
 
 
