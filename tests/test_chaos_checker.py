@@ -58,6 +58,14 @@ def test_missing_change_is_lost() -> None:
     assert "lost" in r.samples
 
 
+def test_expected_loss_still_checks_order() -> None:
+    h = history()
+    prefix = check("purged", h, {"c1": stream((ids(h, 0, 1), 10, True))}, lost_expected=True)
+    assert prefix.ok and prefix.lost == 4
+    gap = check("skip", h, {"c1": stream((ids(h, 0, 1, 4), 10, True))}, lost_expected=True)
+    assert not gap.ok and gap.order_violations == 1
+
+
 def test_gap_is_an_order_violation() -> None:
     h = history()
     s = stream((ids(h, 0, 2, 1, 3, 4, 5), 10, True))

@@ -1,1 +1,24 @@
-"""The chaos suite: failures under a write load, checked by chaos.checker."""
+"""The chaos suite: failures under a write load, each run ending with one checker.
+
+Pieces:
+
+* ``load.py``: ``LoadWriter``, transactions of inserts/updates/deletes over
+  ``{tag}_a.items`` and ``{tag}_b.orders`` (key ``k``, per-key version ``v``); its
+  history is exact (GTID per commit; uncertain commits and commits a database failover
+  lost are settled against the rows after reconnecting).
+* ``consumer.py``: a consumer process (ClusterConnector, exclusive per client id) that
+  logs every batch (id, epoch, leader URL, row changes) before acking it, and each ack.
+* ``checker.py``: every committed change delivered, per-key order, duplicates
+  attributed to unacked batches or acks within a window before a fault, no epoch
+  served by two nodes, failover stall. One line printed, JSON in ``results/``.
+* ``harness.py``: ``ChaosRun`` (nodes from ``node_fixtures``, load, consumers, a
+  /v1/health poller, faults, the final check); ``conftest.py``: the ``chaos_run``
+  fixture, markers and the ``chaos_full`` deselection.
+
+Commands::
+
+    .venv/bin/pytest tests/chaos                      # quick subset (also in scripts/test.sh)
+    .venv/bin/pytest tests/chaos --chaos-full         # every scenario
+    .venv/bin/python tests/chaos/run_all.py           # every scenario + a summary table
+    CANAL_CHAOS_FULL=1 bash scripts/test.sh           # whole suite with every scenario
+"""

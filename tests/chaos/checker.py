@@ -94,7 +94,7 @@ class Fault:
 class CheckResult:
     scenario: str
     rows_written: int = 0
-    required: int = 0
+    required: int = 0  # required changes × client streams: deliveries expected
     delivered: int = 0
     deliveries: int = 0
     lost: int = 0
@@ -107,11 +107,12 @@ class CheckResult:
     epochs: list[int] = field(default_factory=list)
     failover_s: list[float | None] = field(default_factory=list)
     samples: dict[str, list[str]] = field(default_factory=dict)
+    lost_expected: bool = False  # the scenario destroys data (purged binlogs)
 
     @property
     def ok(self) -> bool:
         return not (
-            self.lost
+            (self.lost and not self.lost_expected)
             or self.dups_outside_bound
             or self.order_violations
             or self.unexpected
@@ -127,8 +128,9 @@ class CheckResult:
         fo = self.max_failover_s
         return (
             f"[chaos {self.scenario}] {'OK' if self.ok else 'FAIL'}: "
-            f"rows written {self.rows_written} (required {self.required}), "
-            f"delivered {self.delivered}, lost {self.lost}, "
+            f"rows written {self.rows_written}, expected deliveries {self.required}, "
+            f"delivered {self.delivered}, "
+            f"lost {self.lost}{' (expected)' if self.lost_expected else ''}, "
             f"duplicates {self.duplicates} (bound {self.dup_bound}, "
             f"outside {self.dups_outside_bound}), order violations {self.order_violations}, "
             f"unexpected {self.unexpected}, split brain {len(self.split_brain)}, "
@@ -279,11 +281,13 @@ def check(
     leader_claims: Iterable[tuple[int, str]] = (),
     dup_window_s: float = 1.0,
     tables: Iterable[str] | None = None,
+    lost_expected: bool = False,
 ) -> CheckResult:
-    """Check every client stream against the history (restricted to ``tables``)."""
+    """Check every client stream against the history (restricted to ``tables``);
+    ``lost_expected``: losses do not fail the result (order and the rest still do)."""
     wanted = set(tables) if tables is not None else None
     hist = [c for c in history if wanted is None or c.table in wanted]
-    result = CheckResult(scenario, rows_written=len(hist))
+    result = CheckResult(scenario, rows_written=len(hist), lost_expected=lost_expected)
     result.required = sum(c.required for c in hist) * len(streams)
     expected: dict[tuple[str, int], list[ExpectedChange]] = defaultdict(list)
     for c in sorted(hist, key=lambda c: c.txn):

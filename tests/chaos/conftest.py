@@ -10,12 +10,13 @@ tests are *deselected* (not skipped) unless ``--chaos-full`` is given::
 
 from __future__ import annotations
 
+import gc
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from reader_fixtures import collect_leaked_sockets
 
 from canal_cluster.sandbox import Sandbox
 from chaos.harness import ChaosRun
@@ -43,6 +44,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
+
+
+def collect_leaked_sockets() -> None:
+    """Collect the sockets a sandbox start leaves in reference cycles, quietly (as
+    reader_fixtures does; not imported from there: it is a plugin of tests/conftest.py)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
 
 
 @pytest.fixture

@@ -265,14 +265,17 @@ class ChaosRun:
     def wait_delivered_after(self, t: float, timeout_s: float = WAIT_S) -> None:
         wait_until(lambda: self.delivered_after(t), f"delivery of changes after {t}", timeout_s)
 
-    def _current(self, dup_window_s: float) -> CheckResult:
+    def _current(self, dup_window_s: float, lost_expected: bool = False) -> CheckResult:
         assert self.writer is not None
         return check(self.name, self.writer.history(), self.streams(), faults=self.faults,
-                     leader_claims=self.claims, dup_window_s=dup_window_s)  # fmt: skip
+                     leader_claims=self.claims, dup_window_s=dup_window_s,
+                     lost_expected=lost_expected)  # fmt: skip
 
     # -- the end ------------------------------------------------------------------------------
 
-    def finish(self, dup_window_s: float, drain_s: float = WAIT_S) -> CheckResult:
+    def finish(
+        self, dup_window_s: float, drain_s: float = WAIT_S, lost_expected: bool = False
+    ) -> CheckResult:
         """Stop the load, let consumers drain, stop them, check, write the result."""
         assert self.writer is not None
         self.writer.stop()
@@ -283,7 +286,7 @@ class ChaosRun:
             log.warning("chaos %s: drain incomplete: %s", self.name, exc)
         self.stop_consumers()
         self._stop.set()
-        result = self._current(dup_window_s)
+        result = self._current(dup_window_s, lost_expected)
         path = result.write(RESULTS)
         print(result.line())
         print(f"[chaos {self.name}] result: {path}")

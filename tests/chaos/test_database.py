@@ -85,9 +85,8 @@ def test_binlog_purged_under_lagging_cursor(
     assert reader["error_type"] == "PurgedPosition", reader
     assert "purge" in reader["error"].lower(), reader
     run.start_consumer("c1")
-    result = run.finish(dup_window_s=0.2 + 1.0, drain_s=5.0)
+    result = run.finish(dup_window_s=0.2 + 1.0, drain_s=5.0, lost_expected=True)
     # Changes after the cursor were purged: they are lost, but nothing after them may be
     # delivered as if the gap did not exist.
     assert result.lost > 0
-    assert result.order_violations == 0, result.line()
-    assert result.unexpected == 0 and not result.split_brain, result.line()
+    assert result.ok, result.line()  # no order violation: nothing after the gap arrived
