@@ -98,7 +98,8 @@ def summary(spark: SparkSession, output: str) -> None:
     counts = df.groupBy("schema", "table", "event_type").count().orderBy("schema", "table")
     print(f"wrote {df.count()} rows to {output}:")
     for row in counts.collect():
-        print(f"  {row['schema']}.{row['table']} {row['event_type']}: {row['count']}")
+        name = f"{row['schema']}.{row['table']}" if row["table"] else f"{row['schema']} (schema)"
+        print(f"  {name} {row['event_type']}: {row['count']}")
 
 
 def main(argv: list[str] | None = None) -> int:
