@@ -430,8 +430,8 @@ def _destination_routes(
             return s.get_without_ack(client_id, body.size, timeout_s)
 
         batch, epoch = await call(request, destination, client_id, take)
-        wire = batch.to_wire() if wants_msgpack(request) else batch.to_json_wire()
-        return encode(request, wire, headers=epoch_headers(epoch))
+        # encode() picks msgpack or JSON; on JSON it turns bytes into base64 itself.
+        return encode(request, batch.to_wire(), headers=epoch_headers(epoch))
 
     @app.get(
         f"{base}/batches/{{batch_id}}", responses=_ok(m.BatchOut), dependencies=deps, tags=tags
@@ -448,8 +448,8 @@ def _destination_routes(
             request, destination, client_id,
             lambda s: s.get_batch(client_id, batch_id, timeout_ms / 1000), "get",
         )  # fmt: skip
-        wire = batch.to_wire() if wants_msgpack(request) else batch.to_json_wire()
-        return encode(request, wire, headers=epoch_headers(epoch))
+        # encode() picks msgpack or JSON; on JSON it turns bytes into base64 itself.
+        return encode(request, batch.to_wire(), headers=epoch_headers(epoch))
 
     @app.post(
         f"{base}/batches/{{batch_id}}/ack", responses=_ok(m.AckOut), dependencies=deps, tags=tags
