@@ -84,7 +84,10 @@ def test_etcd_member_kill_and_restart(make_sandbox) -> None:  # type: ignore[no-
     victim = cluster.member("etcd2")
     victim.process.kill()
     assert not victim.process.is_running()
-    assert etcd_put_get(cluster.member("etcd1").client_url, "/k", "with two") == "with two"
+    survivor = cluster.member("etcd1")
+    # If the victim led raft, the two survivors elect a new leader first.
+    wait_until(survivor.healthy, "etcd1 healthy with two members", 60)
+    assert etcd_put_get(survivor.client_url, "/k", "with two") == "with two"
     cluster.restart_member("etcd2")
     assert victim.process.is_running()
     wait_until(victim.healthy, "restarted member healthy", 60)
