@@ -13,6 +13,11 @@ command -v etcdctl >/dev/null 2>&1 || need_pkgs+=(etcd-client)
 command -v java >/dev/null 2>&1 || need_pkgs+=(default-jre-headless)
 # Validates docker/compose.yml without an engine (`docker-compose -f FILE config`).
 command -v docker-compose >/dev/null 2>&1 || need_pkgs+=(docker-compose)
+# The C row decoder (canal_server._rowcodec) is compiled at install: a compiler and headers.
+command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc)
+py="${PYTHON:-python3}"
+include="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+[ -f "$include/Python.h" ] || need_pkgs+=(python3-dev)
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -23,16 +28,21 @@ if [ "${#need_pkgs[@]}" -gt 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
 fi
 
-py="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   "$py" -m venv .venv
 fi
 stamp=.venv/.canal-ha-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
+  || [ server/canal_server/_rowcodec.c -nt "$stamp" ]; then
   echo "setup: installing canal-ha into .venv (editable, all extras)"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e ".[spark,dev]"
   touch "$stamp"
 fi
+# The extension is optional for pip (a pure-Python decoder exists); here it must be there.
+.venv/bin/python -c 'import canal_server._rowcodec' 2>/dev/null || {
+  echo "setup: the C row decoder did not build (needs gcc and Python headers)" >&2
+  exit 1
+}
 echo "setup: ready (.venv/bin/canal-ha)"

@@ -12,7 +12,8 @@
     │   ├── BinlogConfigError       server variables canal needs are wrong (names them)
     │   ├── PositionNotFound        no binlog holds the wanted start position/time
     │   ├── PurgedPosition          the start position was purged (errno 1236)
-    │   └── BinlogConnectionLost    the binlog dump connection broke (resume from own position)
+    │   ├── BinlogConnectionLost    the binlog dump connection broke (resume from own position)
+    │   └── RowDecodeError          a rows event's row data is truncated or corrupt (rowcodec)
     ├── StoreError                  the event store
     │   └── StoreClosed             put/get on a store that was stopped
     ├── ServerError                 embedded server calls (client-facing, API 4xx)
@@ -56,6 +57,7 @@ __all__ = [
     "PurgedPosition",
     "ReplayMismatch",
     "RetryExhausted",
+    "RowDecodeError",
     "SandboxError",
     "SandboxStartError",
     "SandboxStateError",
@@ -131,6 +133,10 @@ class PurgedPosition(BinlogError):
 
 class BinlogConnectionLost(BinlogError):
     """The binlog dump connection broke (errors 2013/2006); resume from our own position."""
+
+
+class RowDecodeError(BinlogError):
+    """The row data of a rows event is truncated or corrupt (it cannot be decoded)."""
 
 
 class StoreError(CanalError):

@@ -1,0 +1,14 @@
+"""Builds the optional C row decoder; the project metadata is in pyproject.toml."""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "canal_server._rowcodec",
+            ["server/canal_server/_rowcodec.c"],
+            optional=True,
+            extra_compile_args=["-O2"],
+        )
+    ]
+)
