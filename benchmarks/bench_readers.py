@@ -169,7 +169,7 @@ def _binlog_reader_once(ctx: Context, slave_id: int) -> dict[str, Any]:
     done = threading.Event()
 
     def sink(entries: Sequence[Entry]) -> None:
-        count[0] += sum(len(e.rows) for e in entries)
+        count[0] += sum(e.row_count for e in entries)
         if count[0] >= ds.rows:
             done.set()
 

@@ -44,7 +44,7 @@ def measure(db: MariaDBServer, start: EntryPosition, rows: int) -> float:
 
     def sink(entries: Sequence[Entry]) -> None:
         for e in entries:
-            count[0] += len(e.rows)
+            count[0] += e.row_count
 
     reader = BinlogReader(ReaderConfig(master=db.dsn(), slave_id=9901), sink)
     t0 = time.perf_counter()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from canal_server.entry import Column, Entry, EntryType, EventType, Header, RowChange
+from canal_server.entry import Column, Entry, EntryType, EventType, Header, RowChange, RowImages
 from canal_server.positions import LogIdentity, LogPosition
 
 __all__ = ["IDENTITY", "EntryFactory", "position_of"]
@@ -52,7 +52,8 @@ class EntryFactory:
             table if type is EntryType.ROWDATA else "",
             event_type,
         )
-        return Entry(type, header, is_ddl, sql, rows, f"0-{self.server_id}-{self.gtid_seq}")
+        images = RowImages.from_changes(rows)
+        return Entry(type, header, is_ddl, sql, images, f"0-{self.server_id}-{self.gtid_seq}")
 
     def tx(self, schema: str = "db", table: str = "t", rows: int = 1) -> list[Entry]:
         """BEGIN, ``rows`` ROWDATA entries on schema.table, END."""

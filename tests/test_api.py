@@ -5,6 +5,7 @@ schemathesis run over the OpenAPI schema."""
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from node_fixtures import DEST, WAIT_S, NodeProc, start_nodes, wait_leader
 from reader_fixtures import collect_leaked_sockets
 
+from canal_client.model import Batch
 from canal_cluster.retry import wait_until
 from canal_cluster.sandbox import Sandbox
 
@@ -155,6 +157,61 @@ def test_msgpack_requests_and_responses_keep_bytes(sandbox: Sandbox, leader: Nod
         }
         bad = http.post(f"{base('m1')}/batches", content=b"\xc1\xc1")
         assert bad.status_code == 400 and msgpack.unpackb(bad.content)["field"] == "body"
+
+
+def _one_batch(http: httpx.Client, client: str, layout: str, decode: Any, **kw: Any) -> Any:
+    r = http.post(f"{base(client)}/batches", **kw)
+    assert r.status_code == 200, r.content
+    batch = decode(r.content)
+    assert batch["id"] != -1
+    again = http.get(f"{base(client)}/batches/{batch['id']}", params={"layout": layout})
+    assert decode(again.content) == batch  # a re-fetch gives the same batch, same layout
+    return batch
+
+
+def _ours(entry: Any, key: int) -> bool:
+    """An entry with rows of ``key`` or ``key + 1`` (other tests write the same table)."""
+    images = entry.images
+    return images is not None and any(i[0] in (key, key + 1) for i in images.after + images.before)
+
+
+@pytest.mark.parametrize("wire", ["json", "msgpack"])
+def test_compact_layout_carries_the_same_rows(
+    sandbox: Sandbox, leader: NodeProc, wire: str
+) -> None:
+    """The compact layout gives the client exactly the entries of API.md's layout."""
+    mime = MSGPACK if wire == "msgpack" else "application/json"
+    packb, decode = (msgpack.packb, msgpack.unpackb) if wire == "msgpack" else (
+        lambda o: json.dumps(o).encode(), json.loads)  # fmt: skip
+    headers = {"Accept": mime, "Content-Type": mime}
+    key = 200 if wire == "json" else 300
+    with leader.client(headers=headers) as http:
+        for c in (f"rows-{wire}", f"compact-{wire}"):
+            http.put(f"{base(c)}/subscription", content=packb({"filter": f"{DB}\\.t"}))
+        sandbox.primary.execute(
+            f"INSERT INTO {DB}.t VALUES ({key}, x'00ff', 1.50), ({key + 1}, NULL, NULL)",
+            f"UPDATE {DB}.t SET b = x'01', d = NULL WHERE id = {key}",
+            f"DELETE FROM {DB}.t WHERE id = {key + 1}",
+        )
+        got: dict[str, list[Any]] = {}
+        for layout in ("rows", "compact"):
+            client, entries = f"{layout}-{wire}", list[Any]()
+            while sum(e.row_count for e in entries) < 4:
+                body = packb({"size": 50, "timeout_ms": 5000, "layout": layout})
+                raw = _one_batch(http, client, layout, decode, content=body)
+                assert all(("rows" in e) == (layout == "rows") for e in raw["entries"])
+                entries += [
+                    e for e in Batch.from_wire(raw, wire == "json").entries if _ours(e, key)
+                ]
+                http.post(f"{base(client)}/batches/{raw['id']}/ack")
+            got[layout] = [(e.header, e.rows) for e in entries]
+    assert got["rows"] == got["compact"]
+    changes = [r for _, rows in got["compact"] for r in rows]
+    update = changes[2]
+    assert [(c.name, c.value, c.updated, c.is_null) for c in update.after] == [
+        ("id", key, False, False), ("b", b"\x01", True, False), ("d", None, True, True),
+    ]  # fmt: skip
+    assert [c.value for c in changes[3].before] == [key + 1, None, None]
 
 
 def test_standby_redirects_to_the_leader(leader: NodeProc, standby: NodeProc) -> None:

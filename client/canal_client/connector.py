@@ -67,6 +67,10 @@ DEFAULT_RETRY = RetryPolicy(initial_s=0.1, multiplier=2.0, max_delay_s=2.0, atte
 MAX_RETRY_AFTER_S = 30.0
 
 
+def _batch(reply: Reply) -> Batch:
+    return Batch.from_wire(reply.body, reply.binary_as_base64)
+
+
 class _SessionLost(ClientError):
     """The leader moved (307, new epoch): open a new session and retry."""
 
@@ -219,8 +223,9 @@ class Connector:
 
             def op(session: _Session) -> Batch:
                 self._check_batch_session(batch_id, session)
-                reply = self._request(session, "GET", f"{self._base()}/batches/{batch_id}")
-                return Batch.from_wire(reply.body, reply.binary_as_base64)
+                path = f"{self._base()}/batches/{batch_id}?layout=compact"
+                reply = self._request(session, "GET", path, tuples=True)
+                return _batch(reply)
 
             try:
                 return self._call("get_batch", op)
@@ -269,14 +274,18 @@ class Connector:
             raise InvalidArgument("timeout_s", f"must be >= 0, got {timeout_s!r}")
         if self._gate is not None and not self._gate.wait_active(timeout_s):
             return Batch.empty()
-        body = {"size": size, "timeout_ms": int(timeout_s * 1000), "auto_ack": auto_ack}
+        body = {
+            "size": size, "timeout_ms": int(timeout_s * 1000), "auto_ack": auto_ack,
+            "layout": "compact",
+        }  # fmt: skip
         with self._lock:
 
             def op(session: _Session) -> tuple[Batch, _Session]:
+                path = f"{self._base()}/batches"
                 reply = self._request(
-                    session, "POST", f"{self._base()}/batches", body, extra_timeout_s=timeout_s
+                    session, "POST", path, body, extra_timeout_s=timeout_s, tuples=True
                 )
-                return Batch.from_wire(reply.body, reply.binary_as_base64), session
+                return _batch(reply), session
 
             try:
                 batch, session = self._call("get_without_ack", op)
@@ -481,9 +490,10 @@ class Connector:
         path: str,
         body: dict[str, Any] | None = None,
         extra_timeout_s: float = 0.0,
+        tuples: bool = False,
     ) -> Reply:
         reply = self._require_channel().request(
-            method, session.url, path, body, extra_timeout_s=extra_timeout_s
+            method, session.url, path, body, extra_timeout_s=extra_timeout_s, tuples=tuples
         )
         self._note_epoch(reply.epoch)
         if reply.epoch is None or self._session is not session:

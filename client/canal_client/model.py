@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import base64
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
+
+import msgpack
 
 __all__ = [
     "EMPTY_BATCH_ID",
@@ -21,9 +25,13 @@ __all__ = [
     "Entry",
     "EntryType",
     "Header",
+    "Image",
     "Position",
     "RowChange",
+    "RowImages",
+    "TableColumns",
     "Value",
+    "images_from_wire",
 ]
 
 Value = int | float | str | bytes | None
@@ -107,6 +115,157 @@ class RowChange:
 
 
 @dataclass(frozen=True)
+class TableColumns:
+    """A table's column metadata as its table map gives it (one per table map)."""
+
+    names: tuple[str, ...]
+    mysql_types: tuple[str, ...]
+    keys: tuple[bool, ...]
+
+    @cached_property
+    def binary_indexes(self) -> tuple[int, ...]:
+        """Indexes of binary columns (bytes values; base64 in JSON)."""
+        return tuple(i for i, t in enumerate(self.mysql_types) if _is_binary_type(t))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"names": self.names, "mysql_types": self.mysql_types, "keys": self.keys}
+
+    @cached_property
+    def packed(self) -> bytes:
+        """``to_wire`` as msgpack (made once per table map, joined into every entry)."""
+        return bytes(msgpack.packb(self.to_wire(), use_bin_type=True))
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> TableColumns:
+        """From the wire; the entries of one table share one object (kept by content)."""
+        names, types, keys = d["names"], d["mysql_types"], d["keys"]
+        key = (tuple(names), tuple(types), tuple(keys))
+        known = _TABLES.get(key)
+        if known is None:
+            known = cls(
+                tuple(str(n) for n in names),
+                tuple(str(t) for t in types),
+                tuple(bool(k) for k in keys),
+            )
+            if len(_TABLES) >= _TABLES_MAX:
+                _TABLES.clear()
+            _TABLES[key] = known
+        return known
+
+    @classmethod
+    def of(cls, columns: Sequence[Column]) -> TableColumns:
+        return cls(
+            tuple(c.name for c in columns),
+            tuple(c.mysql_type for c in columns),
+            tuple(c.is_key for c in columns),
+        )
+
+
+Image = tuple[Value, ...]
+
+
+@dataclass(frozen=True)
+class RowImages:
+    """The rows of one rows event: INSERT has ``after`` images, DELETE ``before``,
+    UPDATE both (the same number, row by row)."""
+
+    columns: TableColumns
+    before: tuple[Image, ...] = ()
+    after: tuple[Image, ...] = ()
+
+    def __len__(self) -> int:
+        return max(len(self.before), len(self.after))
+
+    def changes(self) -> tuple[RowChange, ...]:
+        """Canal's per-column view of every row."""
+        cols = self.columns
+        if self.before and self.after:
+            return tuple(
+                RowChange(_columns(cols, b, None), _columns(cols, a, b))
+                for b, a in zip(self.before, self.after, strict=True)
+            )
+        if self.after:
+            return tuple(RowChange((), _columns(cols, a, True)) for a in self.after)
+        return tuple(RowChange(_columns(cols, b, False)) for b in self.before)
+
+    @classmethod
+    def from_changes(cls, rows: Sequence[RowChange]) -> RowImages | None:
+        """The compact form of per-column rows (all of one table); None for no rows."""
+        if not rows:
+            return None
+        first = rows[0].after or rows[0].before
+        return cls(
+            TableColumns.of(first),
+            tuple(tuple(c.value for c in r.before) for r in rows if r.before),
+            tuple(tuple(c.value for c in r.after) for r in rows if r.after),
+        )
+
+    def to_compact_wire(self) -> dict[str, Any]:
+        """``columns`` and the value lists (bytes stay bytes: the JSON encoder base64s them)."""
+        return {"columns": self.columns.to_wire(), "before": self.before, "after": self.after}
+
+
+def _columns(cols: TableColumns, values: Image, prev: Image | bool | None) -> tuple[Column, ...]:
+    """Columns of one image; ``prev``: the before image (UPDATE) or ``updated`` for all."""
+    names, types, keys = cols.names, cols.mysql_types, cols.keys
+    if isinstance(prev, tuple):
+        return tuple(
+            Column(names[i], v, keys[i], v != prev[i] or (v is None) != (prev[i] is None),
+                   types[i], v is None)
+            for i, v in enumerate(values)
+        )  # fmt: skip
+    updated = bool(prev)
+    return tuple(
+        Column(names[i], v, keys[i], updated, types[i], v is None) for i, v in enumerate(values)
+    )
+
+
+_TABLES: dict[tuple[Any, ...], TableColumns] = {}
+_TABLES_MAX = 1024
+
+
+def _images(raw: Any) -> tuple[Image, ...]:
+    """Row images of the wire as tuples (msgpack decoded with tuples: as they are)."""
+    if not raw:
+        return ()
+    if type(raw) is tuple and type(raw[0]) is tuple:
+        return raw
+    return tuple(map(tuple, raw))
+
+
+def images_from_wire(d: dict[str, Any], binary_as_base64: bool = False) -> RowImages | None:
+    """The rows of a wire entry in either layout (compact ``columns`` or ``rows``)."""
+    if "columns" not in d:
+        rows = [RowChange.from_wire(r, binary_as_base64) for r in d.get("rows") or ()]
+        return RowImages.from_changes(rows)
+    images = RowImages(
+        TableColumns.from_wire(d["columns"]),
+        _images(d.get("before")),
+        _images(d.get("after")),
+    )
+    return _unb64(images) if binary_as_base64 else images
+
+
+def _unb64(images: RowImages) -> RowImages:
+    """``images`` with the base64 text of binary columns (a JSON body) as bytes again."""
+    binary = images.columns.binary_indexes
+    if not binary:
+        return images
+
+    def fix(rows: tuple[Image, ...]) -> tuple[Image, ...]:
+        out = []
+        for row in rows:
+            values = list(row)
+            for i in binary:
+                if isinstance(values[i], str):
+                    values[i] = base64.b64decode(values[i])  # type: ignore[arg-type]
+            out.append(tuple(values))
+        return tuple(out)
+
+    return RowImages(images.columns, fix(images.before), fix(images.after))
+
+
+@dataclass(frozen=True)
 class Header:
     logfile: str
     offset: int
@@ -149,22 +308,31 @@ class Header:
 
 @dataclass(frozen=True)
 class Entry:
-    """One entry of a batch (Canal's Entry)."""
+    """One entry of a batch (Canal's Entry); ``rows`` is made from ``images`` on first use."""
 
     type: EntryType
     header: Header
     is_ddl: bool = False
     sql: str = ""
-    rows: tuple[RowChange, ...] = ()
+    images: RowImages | None = None
+
+    @cached_property
+    def rows(self) -> tuple[RowChange, ...]:
+        return self.images.changes() if self.images is not None else ()
+
+    @property
+    def row_count(self) -> int:
+        return len(self.images) if self.images is not None else 0
 
     @classmethod
     def from_wire(cls, d: dict[str, Any], binary_as_base64: bool = False) -> Entry:
+        """Either layout (``rows``, or ``compact``)."""
         return cls(
             EntryType(d["type"]),
             Header.from_wire(d.get("header") or {}),
             bool(d.get("is_ddl", False)),
             str(d.get("sql") or ""),
-            tuple(RowChange.from_wire(r, binary_as_base64) for r in d.get("rows") or ()),
+            images_from_wire(d, binary_as_base64),
         )
 
     @property

@@ -12,7 +12,8 @@ Rows: see ``canal_client.spark_rows`` (one row per changed row; ``before``/``aft
 (comma-separated node URLs), ``destination``, ``clientId``, ``batchSize`` (entries per
 server batch, 1000), ``filter`` (table regex), ``token``, ``etcdPrefix`` (``/canal``),
 ``pollTimeoutMs`` (1000), ``maxBatchesPerTrigger`` (10), ``replayTimeoutS`` (120),
-``rowsPerPartition`` (10000), ``exclusive`` (false: one active consumer per client id).
+``rowsPerPartition`` (10000), ``exclusive`` (false: one active consumer per client id),
+``availableNowStallS`` (120).
 
 How batches become micro-batches, exactly once with a checkpointed sink:
 
@@ -36,16 +37,32 @@ How batches become micro-batches, exactly once with a checkpointed sink:
   difference). Entries a server delivers twice (after a failover or reconnect) are
   recognised by their binlog key and dropped.
 
+availableNow: ``prepareForTriggerAvailableNow`` records the **target**, the leader's
+``binlog_end`` from ``/v1/health`` (where the source's binlog ended when the run
+started). The run plans only entries that start before it and ends once the server has
+served up to it (a batch's ``end``), or once the leader's ``reader_position`` was seen
+at or past it (binlog position or GTID state) and a later poll came back empty. Until
+then ``latestOffset`` waits for the leader's reader to catch up, and while it does it
+plans all but the last server batch it holds: the next trigger then always has
+something to plan, so Spark commits (and the source acks) the previous micro-batch even
+when the leader's store is full of this client's unacked batches. Without progress of
+the server or its reader for ``availableNowStallS`` (database down, no leader, a store
+smaller than one server batch) the run ends early with a warning; the next run goes
+on. A leader without ``binlog_end`` (an older node, or its database does not answer):
+the run ends at entries committed after it started (database clock) or when a poll of
+``pollTimeoutMs`` brings nothing, with a warning. Processing-time triggers are not
+affected.
+
 Limits: keys are binlog file/offset of the database the destination reads, so a switch
 of the database itself (primary → standby with other binlog names) is not handled
-here; availableNow stops at entries committed after the query started (database clock)
-or when a poll of ``pollTimeoutMs`` brings nothing.
+here (an availableNow run then ends by ``availableNowStallS``).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,11 +85,18 @@ from canal_client.spark_rows import (
 from canal_cluster.errors import CanalError, ConfigError, ReplayMismatch
 
 __all__ = [
+    "BinlogPoint",
     "CanalDataSource",
     "CanalOptions",
     "CanalPartition",
     "CanalStreamReader",
+    "HttpProgress",
+    "LeaderProgress",
     "Ledger",
+    "ProgressProbe",
+    "batch_end",
+    "gtid_covers",
+    "parse_progress",
     "schema_ddl",
 ]
 
@@ -122,6 +146,7 @@ class CanalOptions:
     rows_per_partition: int = 10_000
     exclusive: bool = False
     connector_factory: str = ""
+    available_now_stall_s: float = 120.0
 
     @classmethod
     def parse(cls, opts: Mapping[str, str]) -> CanalOptions:
@@ -150,6 +175,7 @@ class CanalOptions:
             rows_per_partition=_int(opts, "rowsPerPartition", 10_000, 1, 10_000_000),
             exclusive=exclusive == "true",
             connector_factory=factory,
+            available_now_stall_s=float(_int(opts, "availableNowStallS", 120, 1, 86_400)),
         )
 
 
@@ -196,6 +222,131 @@ def make_connector(options: CanalOptions) -> ConnectorLike:
         prefix=options.etcd_prefix,
         exclusive=options.exclusive,
     )
+
+
+# -- availableNow: where the source's binlog ends, how far the leader read ----------------
+
+
+_GTID = re.compile(r"^(\d+)-(\d+)-(\d+)$")
+
+
+def _gtid_seqs(state: str) -> dict[int, int]:
+    """``"0-1-42,1-2-7"`` → {domain: sequence number}."""
+    out: dict[int, int] = {}
+    for part in state.split(","):
+        m = _GTID.match(part.strip())
+        if m:
+            out[int(m.group(1))] = int(m.group(3))
+    return out
+
+
+def gtid_covers(have: str, want: str) -> bool:
+    """True when GTID state ``have`` includes every transaction of ``want`` (not empty)."""
+    wanted = _gtid_seqs(want)
+    seqs = _gtid_seqs(have)
+    return bool(wanted) and all(seqs.get(d, -1) >= n for d, n in wanted.items())
+
+
+@dataclass(frozen=True)
+class BinlogPoint:
+    """A point of the source's binlog as ``/v1/health`` reports it."""
+
+    key: EntryKey  # (journal, offset): the next event starts there
+    gtid: str = ""
+    source: str = ""  # host:port of the database
+
+    @classmethod
+    def parse(cls, d: Any) -> BinlogPoint | None:
+        if not isinstance(d, Mapping):
+            return None
+        try:
+            key = EntryKey.of(str(d.get("journal") or ""), int(d.get("offset") or 0))
+        except (TypeError, ValueError):
+            return None
+        gtid = str(d.get("gtid") or "")
+        if not key.file and not gtid:
+            return None
+        return cls(key, gtid, str(d.get("source_address") or ""))
+
+    def reaches(self, target: BinlogPoint) -> bool:
+        """At or after ``target``, by binlog file and offset or by GTID state (the GTID
+        state also covers a binlog that ends with a rotation and no transaction)."""
+        if self.source and target.source and self.source != target.source:
+            return False
+        if self.key.file and target.key.file and self.key >= target.key:
+            return True
+        return gtid_covers(self.gtid, target.gtid)
+
+    def __str__(self) -> str:
+        return f"{self.key} gtid={self.gtid or '-'}"
+
+
+@dataclass(frozen=True)
+class LeaderProgress:
+    """The leader's view of a destination: its epoch, reader position and binlog end."""
+
+    epoch: int
+    reader: BinlogPoint | None = None
+    binlog_end: BinlogPoint | None = None
+
+
+def parse_progress(health: Any, destination: str) -> LeaderProgress | None:
+    """``destination``'s progress from a ``/v1/health`` body; None unless the node leads it."""
+    dests = health.get("destinations") if isinstance(health, Mapping) else None
+    d = dests.get(destination) if isinstance(dests, Mapping) else None
+    if not isinstance(d, Mapping) or d.get("role") != "leader":
+        return None
+    return LeaderProgress(
+        int(d.get("epoch") or 0),
+        BinlogPoint.parse(d.get("reader_position")),
+        BinlogPoint.parse(d.get("binlog_end")),
+    )
+
+
+ProgressProbe = Callable[[ConnectorLike], LeaderProgress | None]
+
+
+class HttpProgress:
+    """A ``ProgressProbe``: ``GET /v1/health`` of the connector's current leader."""
+
+    def __init__(self, options: CanalOptions) -> None:
+        self.options = options
+        self._channel: Any = None
+
+    def __call__(self, conn: ConnectorLike) -> LeaderProgress | None:
+        url = conn.leader_url
+        if not url or not url.startswith(("http://", "https://")):
+            return None
+        if self._channel is None:
+            from canal_client.wire import HttpChannel
+
+            self._channel = HttpChannel(wire="json", token=self.options.token, timeout_s=10.0)
+        try:
+            body = self._channel.request("GET", url, "/v1/health").body
+        except Exception as exc:  # any failure only means "no answer": never fail the query
+            log.info("%s: /v1/health of %s: %s", self.options.destination, url, exc)
+            return None
+        return parse_progress(body, self.options.destination)
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+
+def batch_end(batch: Any) -> EntryKey:
+    """How far a batch reaches in the binlog: its ``end`` (the last raw event, ones the
+    client filter dropped included), else where its last entry ends."""
+    best = MIN_KEY
+    end: Any = getattr(batch, "end", None)
+    journal = str(getattr(end, "journal", "") or "")
+    if journal:
+        best = EntryKey.of(journal, int(end.offset))
+    for entry in list(batch.entries)[-1:]:
+        header = entry.header
+        stop = int(getattr(header, "end_offset", 0) or header.offset)
+        best = max(best, EntryKey.of(str(header.logfile), stop))
+    return best
 
 
 # -- the ledger: entries taken but not committed -----------------------------------------
@@ -272,6 +423,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self,
         options: CanalOptions,
         connector_factory: Callable[[CanalOptions], ConnectorLike] = make_connector,
+        progress: ProgressProbe | None = None,
     ) -> None:
         self.options = options
         self.ledger = Ledger()
@@ -279,6 +431,11 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._connector: ConnectorLike | None = None
         self._epoch = 0
         self._until_ms: int | None = None
+        self._probe: ProgressProbe = progress or HttpProgress(options)
+        self._target: BinlogPoint | None = None  # availableNow: the binlog end at its start
+        self._served = MIN_KEY  # how far the batches of this ledger reached
+        self._reader_past: int | None = None  # epoch whose reader was seen past the target
+        self._last_reader: BinlogPoint | None = None
 
     # -- connection
 
@@ -306,6 +463,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if batch.id < 0 or not batch.entries:
             return None
         added = self.ledger.add(batch.id, batch.entries)
+        self._served = max(self._served, batch_end(batch))
         log.debug("%s: batch %d, %d new entries", self._what(), batch.id, added)
         return added
 
@@ -318,11 +476,14 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = Offset.from_dict(start)
         if not (self.ledger.floor <= begin.last <= self.ledger.top):
             self._restart_at(begin.last, "planning after")
-        pending = self.ledger.between(begin.last, self.ledger.top)
-        if not pending:
-            self._fill()
+        if self._target is not None:
+            pending = self._limit(self._until_target(begin, self._target), limit)
+        else:
             pending = self.ledger.between(begin.last, self.ledger.top)
-        pending = self._admit(pending, limit)
+            if not pending:
+                self._fill()
+                pending = self.ledger.between(begin.last, self.ledger.top)
+            pending = self._admit(pending, limit)
         if not pending:
             return start
         last = pending[-1].key
@@ -331,22 +492,84 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ids += [b for b, end in self.ledger.batches if end > last][:1]
         return Offset(begin.total + len(pending), last, tuple(ids)).to_dict()
 
-    def _fill(self) -> None:
-        """Up to maxBatchesPerTrigger batches with new entries (repeats do not count)."""
-        useful, timeout_s = 0, self.options.poll_timeout_s
+    def _fill(self, timeout_s: float | None = None) -> bool:
+        """Up to maxBatchesPerTrigger batches with new entries (repeats do not count), the
+        first poll waiting ``timeout_s`` (pollTimeoutMs); True when a poll brought nothing."""
+        useful = 0
+        timeout_s = self.options.poll_timeout_s if timeout_s is None else timeout_s
         while useful < self.options.max_batches_per_trigger:
+            if self._target is not None and self._served >= self._target.key:
+                return False  # availableNow: the rest is not for this run
             added = self._fetch(timeout_s)
             if added is None:
-                return
+                return True
             useful, timeout_s = useful + (added > 0), 0.0
+        return False
 
     def _admit(self, pending: list[_Item], limit: ReadLimit) -> list[_Item]:
         if self._until_ms is not None:
             late = [i for i, it in enumerate(pending) if it.timestamp_ms > self._until_ms]
             pending = pending[: late[0]] if late else pending
+        return self._limit(pending, limit)
+
+    @staticmethod
+    def _limit(pending: list[_Item], limit: ReadLimit) -> list[_Item]:
         if isinstance(limit, ReadMaxRows):
             pending = pending[: max(1, limit.max_rows)]
         return pending
+
+    # -- availableNow with a target (see the module docstring)
+
+    def _until_target(self, begin: Offset, target: BinlogPoint) -> list[_Item]:
+        """The entries after ``begin`` and before the target, waiting while the leader's
+        reader catches up; [] once the run is done (or stalled)."""
+        wait_s = self.options.poll_timeout_s or 1.0
+        last_progress = time.monotonic()
+        while True:
+            held = self._before(begin, target)
+            past = self._reader_past  # seen before the poll below
+            empty = self._fill(0.0 if held else wait_s)
+            pending = self._before(begin, target)
+            if self._served >= target.key or (empty and past == self._conn().epoch):
+                log.info("%s: availableNow: everything before %s taken", self._what(), target)
+                return pending
+            if pending:
+                return self._hold_back(begin, pending)
+            if self._observe(target):
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > self.options.available_now_stall_s:
+                log.warning(
+                    "%s: availableNow: no progress for %g s (served up to %s, leader's reader "
+                    "at %s, target %s): ending the run early, the next run goes on",
+                    self._what(), self.options.available_now_stall_s, self._served,
+                    self._last_reader, target,
+                )  # fmt: skip
+                return []
+
+    def _before(self, begin: Offset, target: BinlogPoint) -> list[_Item]:
+        return [
+            it for it in self.ledger.between(begin.last, self.ledger.top) if it.key < target.key
+        ]
+
+    def _hold_back(self, begin: Offset, pending: list[_Item]) -> list[_Item]:
+        """All but the entries of the last server batch when they came in several."""
+        ends = [last for _, last in self.ledger.batches if last > begin.last]
+        if len(ends) < 2:
+            return pending
+        return [it for it in pending if it.key <= ends[-2]] or pending
+
+    def _observe(self, target: BinlogPoint) -> bool:
+        """Ask the leader how far its reader is; True when that moved since last asked."""
+        conn = self._conn()
+        progress = self._probe(conn)
+        if progress is None or progress.epoch != conn.epoch:
+            return False
+        reader, previous = progress.reader, self._last_reader
+        self._last_reader = reader
+        if reader is not None and reader.reaches(target) and self._reader_past != conn.epoch:
+            log.info("%s: availableNow: the leader's reader is at %s", self._what(), reader)
+            self._reader_past = conn.epoch
+        return reader != previous
 
     def _restart_at(self, key: EntryKey, why: str) -> None:
         """Roll back and read from the cursor again, keeping only entries after ``key``."""
@@ -354,6 +577,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         conn = self._conn()
         conn.rollback()
         self.ledger.reset(key)
+        self._served, self._reader_past = MIN_KEY, None
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[CanalPartition]:
         begin, stop = Offset.from_dict(start), Offset.from_dict(end)
@@ -393,6 +617,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if len(trial.between(begin.last, stop.last)) != stop.total - begin.total:
             return False
         self.ledger = trial
+        self._served, self._reader_past = MIN_KEY, None
         return True
 
     def _reread(self, begin: Offset, stop: Offset) -> None:
@@ -425,12 +650,27 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._connector is not None:
             self._connector.disconnect()
             self._connector = None
+        close = getattr(self._probe, "close", None)
+        if callable(close):
+            close()
 
     # -- SupportsTriggerAvailableNow
 
     def prepareForTriggerAvailableNow(self) -> None:
+        """Record the target: the leader's binlog end now (see the module docstring)."""
         self._until_ms = int(time.time() * 1000)
-        log.info("%s: availableNow: entries committed up to %d ms", self._what(), self._until_ms)
+        progress = self._probe(self._conn())
+        target = progress.binlog_end if progress is not None else None
+        if target is None:
+            log.warning(
+                "%s: availableNow: the leader reports no binlog_end (an older node, or its "
+                "database does not answer): the run ends at entries committed after %d ms or "
+                "at the first empty poll, and may end before the leader caught up",
+                self._what(), self._until_ms,
+            )  # fmt: skip
+            return
+        self._target, self._until_ms = target, None
+        log.info("%s: availableNow: reading up to the binlog end %s", self._what(), target)
 
 
 class CanalDataSource(DataSource):

@@ -51,7 +51,7 @@ from canal_cluster.errors import (
 )
 from canal_cluster.keys import Keys, validate_id
 from canal_server import api_models as m
-from canal_server.embedded import EmbeddedServer
+from canal_server.embedded import Batch, EmbeddedServer
 from canal_server.instance import Role
 from canal_server.metrics import CONTENT_TYPE
 from canal_server.node import Node
@@ -119,6 +119,16 @@ def encode(
         return Response(body, status, headers, media_type=MSGPACK)
     text = json.dumps(data, default=_json_default, separators=(",", ":"))
     return Response(text, status, headers, media_type="application/json")
+
+
+def _batch_response(
+    request: Request, batch: Batch, layout: str, headers: dict[str, str]
+) -> Response:
+    """A batch in ``layout``; compact msgpack joins the entries' once-made bytes, the
+    rest goes through ``encode`` (which turns bytes into base64 for JSON)."""
+    if layout == "compact" and wants_msgpack(request):
+        return Response(batch.packed_compact(), 200, headers, media_type=MSGPACK)
+    return encode(request, batch.to_wire(compact=layout == "compact"), headers=headers)
 
 
 async def read_body(request: Request, model: type[M]) -> M:
@@ -219,6 +229,7 @@ def _body_doc(model: type[BaseModel], required: bool) -> dict[str, Any]:
 DestPath = Path(description="destination id [A-Za-z0-9_.-]{1,64}")
 ClientPath = Path(description="client id [A-Za-z0-9_.-]{1,64}")
 BatchPath = Path(ge=0, le=2**63 - 1, description="batch id")
+LayoutQuery = Query("rows", description=m.LAYOUT_DOC)
 
 
 def create_app(node: Node) -> FastAPI:
@@ -339,8 +350,10 @@ def create_app(node: Node) -> FastAPI:
 
     @app.get("/v1/health", responses=_ok(m.HealthOut), tags=["node"])
     async def health(request: Request) -> Response:
-        """Node id; per destination: role, epoch, leader and the reader's state or error."""
-        return encode(request, node.health())
+        """Node id; per destination: role, epoch, leader, the reader's state or error, where
+        the reader is and (on the leader) where the source's binlog ends."""
+        # binlog_end asks the database: off the event loop, apart from the long polls' limiter
+        return encode(request, await anyio.to_thread.run_sync(node.health))
 
     @app.get(
         "/v1/cluster",
@@ -430,8 +443,7 @@ def _destination_routes(
             return s.get_without_ack(client_id, body.size, timeout_s)
 
         batch, epoch = await call(request, destination, client_id, take)
-        # encode() picks msgpack or JSON; on JSON it turns bytes into base64 itself.
-        return encode(request, batch.to_wire(), headers=epoch_headers(epoch))
+        return _batch_response(request, batch, body.layout, epoch_headers(epoch))
 
     @app.get(
         f"{base}/batches/{{batch_id}}", responses=_ok(m.BatchOut), dependencies=deps, tags=tags
@@ -442,14 +454,14 @@ def _destination_routes(
         client_id: str = ClientPath,
         batch_id: int = BatchPath,
         timeout_ms: int = Query(0, ge=0, le=m.MAX_TIMEOUT_MS, description="wait for a re-read"),
+        layout: m.Layout = LayoutQuery,
     ) -> Response:
         """The same outstanding batch again (404 once acked or rolled back)."""
         batch, epoch = await call(
             request, destination, client_id,
             lambda s: s.get_batch(client_id, batch_id, timeout_ms / 1000), "get",
         )  # fmt: skip
-        # encode() picks msgpack or JSON; on JSON it turns bytes into base64 itself.
-        return encode(request, batch.to_wire(), headers=epoch_headers(epoch))
+        return _batch_response(request, batch, layout, epoch_headers(epoch))
 
     @app.post(
         f"{base}/batches/{{batch_id}}/ack", responses=_ok(m.AckOut), dependencies=deps, tags=tags

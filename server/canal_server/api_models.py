@@ -8,7 +8,7 @@ bytes; in JSON they are base64 strings.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,10 +20,12 @@ __all__ = [
     "AckOut",
     "BatchOut",
     "BatchRequest",
+    "BinlogEndOut",
     "ClusterOut",
     "CursorOut",
     "ErrorBody",
     "HealthOut",
+    "ReaderPositionOut",
     "RollbackOut",
     "SubscriptionOut",
     "SubscriptionRequest",
@@ -31,6 +33,12 @@ __all__ = [
 ]
 
 MAX_TIMEOUT_MS = int(MAX_TIMEOUT_S * 1000)
+Layout = Literal["rows", "compact"]
+LAYOUT_DOC = (
+    "`rows` (default): API.md's entries, each row a list of column objects; `compact`:"
+    " each ROWDATA entry of a rows event has `columns` ({names, mysql_types, keys}) once"
+    " and `before`/`after` as lists of value lists in column order (no `rows`)"
+)
 MAX_FILTER_LEN = 4096
 
 
@@ -50,6 +58,7 @@ class BatchRequest(_Request):
     size: int = Field(default=1000, ge=1, le=MAX_BATCH_SIZE, description="max entries in the batch")
     timeout_ms: int = Field(default=0, ge=0, le=MAX_TIMEOUT_MS, description="long-poll wait")
     auto_ack: bool = Field(default=False, description="true: Canal's get (ack at once)")
+    layout: Layout = Field(default="rows", description=LAYOUT_DOC)
 
 
 class ErrorBody(BaseModel):
@@ -90,12 +99,21 @@ class HeaderOut(BaseModel):
     event_type: str
 
 
+class ColumnsOut(BaseModel):
+    names: list[str]
+    mysql_types: list[str]
+    keys: list[bool]
+
+
 class EntryOut(BaseModel):
     type: str = Field(description="TRANSACTIONBEGIN, ROWDATA or TRANSACTIONEND")
     header: HeaderOut
     is_ddl: bool
     sql: str
-    rows: list[RowOut]
+    rows: list[RowOut] | None = Field(default=None, description="layout `rows` (the default)")
+    columns: ColumnsOut | None = Field(default=None, description="layout `compact`")
+    before: list[list[Any]] | None = Field(default=None, description="layout `compact`")
+    after: list[list[Any]] | None = Field(default=None, description="layout `compact`")
 
 
 class BatchOut(BaseModel):
@@ -136,12 +154,38 @@ class ReaderOut(BaseModel):
     start: dict[str, Any] | None
 
 
+class ReaderPositionOut(BaseModel):
+    journal: str = Field(description="binlog file")
+    offset: int = Field(description="where the next event starts")
+    gtid: str = Field(description="GTID state including the last transaction read")
+    timestamp_ms: int = Field(description="commit time of the last transaction read")
+    source_address: str = Field(description="host:port of the database read")
+
+
+class BinlogEndOut(BaseModel):
+    journal: str = Field(description="SHOW MASTER STATUS: the current binlog file")
+    offset: int = Field(description="SHOW MASTER STATUS: its end")
+    gtid: str = Field(description="@@gtid_binlog_pos, read after the position")
+    source_address: str = Field(description="host:port of the database asked")
+
+
 class DestinationHealth(BaseModel):
     role: str = Field(description="leader, standby, fenced or starting")
     epoch: int
     leader_node: str | None
     leader_url: str | None
     reader: ReaderOut
+    reader_position: ReaderPositionOut | None = Field(
+        default=None,
+        description="the newest position the reader has put into the store (everything "
+        "before it is stored or filtered out; its start before the first transaction); "
+        "null when this node does not read the destination",
+    )
+    binlog_end: BinlogEndOut | None = Field(
+        default=None,
+        description="where the source's binlog ends now (cached for 1 s); only on the "
+        "leader, null when the database does not answer",
+    )
 
 
 class HealthOut(BaseModel):

@@ -40,6 +40,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
 from canal_cluster.errors import (
     BatchUnavailable,
     InvalidArgument,
@@ -80,12 +82,17 @@ class Batch:
     def is_empty(self) -> bool:
         return self.id == EMPTY_BATCH_ID
 
-    def to_wire(self, binary_as_base64: bool = False) -> dict[str, Any]:
-        """``{"id", "entries", "start", "end"}``; empty: ``{"id": -1, "entries": []}``."""
-        wire: dict[str, Any] = {
-            "id": self.id,
-            "entries": [e.to_wire(binary_as_base64) for e in self.entries],
-        }
+    def to_wire(self, binary_as_base64: bool = False, compact: bool = False) -> dict[str, Any]:
+        """``{"id", "entries", "start", "end"}``; empty: ``{"id": -1, "entries": []}``.
+
+        ``compact``: entries in the compact layout (``Entry.to_compact_wire``).
+        """
+        entries = (
+            [e.to_compact_wire() for e in self.entries]
+            if compact
+            else [e.to_wire(binary_as_base64) for e in self.entries]
+        )
+        wire: dict[str, Any] = {"id": self.id, "entries": entries}
         if self.start is not None and self.end is not None:
             wire["start"] = self.start.to_dict()
             wire["end"] = self.end.to_dict()
@@ -93,6 +100,25 @@ class Batch:
 
     def to_json_wire(self) -> dict[str, Any]:
         return self.to_wire(binary_as_base64=True)
+
+    def packed_compact(self) -> bytes:
+        """msgpack of ``to_wire(compact=True)``, the entries' own bytes joined (each
+        entry is encoded once, see ``Entry.packed_compact``)."""
+        packer = msgpack.Packer(use_bin_type=True)
+        ranged = self.start is not None and self.end is not None
+        parts = [
+            packer.pack_map_header(4 if ranged else 2),
+            packer.pack("id"),
+            packer.pack(self.id),
+            packer.pack("entries"),
+            packer.pack_array_header(len(self.entries)),
+            *(e.packed_compact for e in self.entries),
+        ]
+        if ranged:
+            assert self.start is not None and self.end is not None
+            parts += [packer.pack("start"), packer.pack(self.start.to_dict())]
+            parts += [packer.pack("end"), packer.pack(self.end.to_dict())]
+        return b"".join(parts)
 
     @classmethod
     def from_wire(cls, d: dict[str, Any], binary_as_base64: bool = False) -> Batch:

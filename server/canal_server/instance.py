@@ -17,6 +17,11 @@ callbacks. Per leadership term (a ``_Term``) it owns::
 
 ``serving()`` gives the EmbeddedServer only while the term is ready AND the monitor
 still confirms its epoch, so a leader that fenced itself answers 503 at once.
+
+For ``/v1/health``: ``reader_position()`` is the newest position the reader of the
+current term has put into the store (its start before the first one), and
+``binlog_end()`` is ``SHOW MASTER STATUS`` (+ ``@@gtid_binlog_pos``) of the source
+the reader reads, queried when asked and cached for ``BINLOG_END_TTL_S``.
 """
 
 from __future__ import annotations
@@ -24,9 +29,12 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import pymysql
 
 from canal_cluster.coordinator import Coordinator
 from canal_cluster.errors import (
@@ -40,6 +48,7 @@ from canal_cluster.keys import Keys
 from canal_cluster.periodic_meta import PeriodicMetaManager
 from canal_cluster.retry import RetryPolicy
 from canal_cluster.running import RunningMonitor
+from canal_server import binlog_stream
 from canal_server.config import DestinationConfig, SourceSection, dsn_of
 from canal_server.embedded import EmbeddedServer
 from canal_server.entry import Entry
@@ -52,13 +61,29 @@ from canal_server.logposition import (
 )
 from canal_server.metrics import InstanceMetrics
 from canal_server.positions import LogPosition
-from canal_server.reader import BinlogReader, DetectingConfig, ReaderConfig, RunResult
+from canal_server.reader import (
+    BinlogReader,
+    DetectingConfig,
+    ReaderConfig,
+    RunResult,
+    address_of,
+)
 from canal_server.store import EventStore
 
-__all__ = ["Instance", "ReaderStatus", "Role", "build_instance"]
+__all__ = [
+    "BINLOG_END_TTL_S",
+    "BinlogEndProbe",
+    "Instance",
+    "ReaderStatus",
+    "Role",
+    "build_instance",
+    "master_status",
+]
 
 log = logging.getLogger(__name__)
 FATAL_RETRY_S = 10.0  # purged / misconfigured binlog: retry slowly, the operator must act
+BINLOG_END_TTL_S = 1.0
+BINLOG_END_TIMEOUT_S = 1  # connect/read timeout of the SHOW MASTER STATUS query
 
 
 class Role(enum.StrEnum):
@@ -84,6 +109,66 @@ class ReaderStatus:
             "error_type": self.error_type,
             "start": self.start,
         }
+
+
+def master_status(dsn: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``{journal, offset, gtid, source_address}`` of the binlog end of ``dsn`` (the
+    position first, then ``@@gtid_binlog_pos``, so the GTID is never older); None when
+    the database does not answer within ``BINLOG_END_TIMEOUT_S`` or has no binlog."""
+    conn = {**dsn, "connect_timeout": BINLOG_END_TIMEOUT_S, "read_timeout": BINLOG_END_TIMEOUT_S}
+    try:
+        with binlog_stream.connect(conn) as c, c.cursor() as cur:
+            cur.execute("SHOW MASTER STATUS")
+            row = cur.fetchone()
+            cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
+            gtid = cur.fetchone()
+    except (pymysql.err.MySQLError, OSError) as exc:
+        log.debug("SHOW MASTER STATUS on %s failed: %s", address_of(dsn), exc)
+        return None
+    if not row:
+        return None
+    return {
+        "journal": str(row[0]),
+        "offset": int(row[1]),
+        "gtid": str(gtid[0] or "") if gtid else "",
+        "source_address": address_of(dsn),
+    }
+
+
+class BinlogEndProbe:
+    """``master_status`` of a source, asked at most once per ``ttl_s`` (a failure too)."""
+
+    def __init__(
+        self,
+        query: Callable[[Mapping[str, Any]], dict[str, Any] | None] = master_status,
+        ttl_s: float = BINLOG_END_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._query, self._ttl_s, self._clock = query, ttl_s, clock
+        self._lock = threading.Lock()
+        self._cached: tuple[float, str, dict[str, Any] | None] | None = None
+
+    def get(self, dsn: Mapping[str, Any]) -> dict[str, Any] | None:
+        address = address_of(dsn)
+        with self._lock:  # concurrent callers wait for one query instead of each asking
+            cached = self._cached
+            now = self._clock()
+            if cached is not None and cached[1] == address and now - cached[0] < self._ttl_s:
+                return cached[2]
+            value = self._query(dsn)
+            self._cached = (self._clock(), address, value)
+            return value
+
+
+def _point(position: LogPosition) -> dict[str, Any]:
+    p = position.position
+    return {
+        "journal": p.journal,
+        "offset": p.offset,
+        "gtid": p.gtid,
+        "timestamp_ms": p.timestamp_ms,
+        "source_address": position.identity.source_address,
+    }
 
 
 def _configured(source: SourceSection | None) -> ConfiguredPosition | None:
@@ -118,6 +203,7 @@ class _Term:
         self.reader = BinlogReader(inst.reader_config(), self._sink_guard(inst))
         self.finder = PositionFinder(inst.finder_config(), self.positions)
         self.thread: threading.Thread | None = None
+        self.started: LogPosition | None = None  # where the reader began (last found)
 
     def _sink_guard(self, inst: Instance) -> Any:
         def sink(entries: Sequence[Entry]) -> None:
@@ -153,6 +239,7 @@ class Instance:
         self._term: _Term | None = None
         self._closing = False
         self.last_status = ReaderStatus()
+        self._binlog_end = BinlogEndProbe()
 
     # -- wiring ---------------------------------------------------------------------
 
@@ -214,6 +301,23 @@ class Instance:
     def reader_status(self) -> ReaderStatus:
         term = self._term
         return term.status if term is not None else self.last_status
+
+    def reader_position(self) -> dict[str, Any] | None:
+        """The newest position the current term's reader put into the store (everything
+        before it is stored or filtered out), else where it started; None off term."""
+        term = self._term
+        if term is None:
+            return None
+        latest = term.memory.get_latest(self.name) or term.started
+        return _point(latest) if latest is not None else None
+
+    def binlog_end(self) -> dict[str, Any] | None:
+        """The binlog end of the source the current term reads (cached for
+        ``BINLOG_END_TTL_S``); None off term or when the database does not answer."""
+        term = self._term
+        if term is None:
+            return None
+        return self._binlog_end.get(term.reader.source)
 
     def store_stats(self) -> tuple[int, int]:
         term = self._term
@@ -324,6 +428,7 @@ class Instance:
             return RunResult.STOPPED
         start = found.position
         self._record_origin(LogPosition(found.identity, start), term)
+        term.started = LogPosition(found.identity, start)
         term.status = ReaderStatus(
             "running", start={**start.to_dict(), "reasons": [str(r) for r in found.reasons]}
         )

@@ -63,7 +63,7 @@ class InstanceMetrics:
 
     def parsed(self, entries: Sequence[Entry]) -> None:
         self._entries.inc(len(entries))
-        self._rows.inc(sum(len(e.rows) for e in entries))
+        self._rows.inc(sum(e.row_count for e in entries))
         if entries:
             self.newest_event_ms = max(self.newest_event_ms, entries[-1].header.timestamp_ms)
 

@@ -221,6 +221,8 @@ class Node:
             return 0
 
     def health(self) -> dict[str, Any]:
+        """``/v1/health``; asks each led source for ``binlog_end`` (a few seconds at most
+        when a database hangs, cached for a second)."""
         dests: dict[str, Any] = {}
         for name, inst in self.instances.items():
             v = self.view(name)
@@ -233,6 +235,8 @@ class Node:
                 "leader_node": leader.node if leader else None,
                 "leader_url": leader.url if leader else None,
                 "reader": inst.reader_status().to_dict(),
+                "reader_position": inst.reader_position(),
+                "binlog_end": inst.binlog_end() if v.role is Role.LEADER else None,
             }
         return {"node": self.id, "url": self.url, "destinations": dests}
 

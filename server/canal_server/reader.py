@@ -56,9 +56,9 @@ from canal_cluster.errors import (
 )
 from canal_cluster.retry import RetryPolicy
 from canal_server import binlog_stream
-from canal_server.decoding import ColumnSpec, column_specs, row_changes
 from canal_server.entry import Entry, EntryType, EventType, Header
 from canal_server.positions import EntryPosition, LogIdentity
+from canal_server.row_events import RowsDecoder
 
 __all__ = [
     "BinlogReader",
@@ -217,7 +217,7 @@ class TransactionAssembler:
         self._index = 0  # entries produced in the open transaction
         self._standalone = False
         self._skip = skip
-        self._specs: dict[int, tuple[Any, tuple[ColumnSpec, ...]]] = {}
+        self._decoder = RowsDecoder()
 
     @property
     def resume_skip(self) -> tuple[str, int]:
@@ -318,15 +318,9 @@ class TransactionAssembler:
     def _rows(self, ev: Any, span: Any) -> None:
         kind = _ROW_KINDS[type(ev)]
         header = self._header(span, schema=ev.schema, table=ev.table, event_type=EventType(kind))
-        rows = row_changes(kind, self._column_specs(ev), ev.rows)
-        self._emit(self._entry(EntryType.ROWDATA, header, rows=rows))
-
-    def _column_specs(self, ev: Any) -> tuple[ColumnSpec, ...]:
-        cached = self._specs.get(ev.table_id)
-        if cached is None or cached[0] is not ev.columns:
-            cached = (ev.columns, column_specs(ev.columns))
-            self._specs[ev.table_id] = cached
-        return cached[1]
+        entry = self._entry(EntryType.ROWDATA, header, images=self._decoder.decode(ev, kind))
+        _ = entry.packed_compact  # encoded here, once, while consumers work on earlier ones
+        self._emit(entry)
 
     def _entry(self, kind: EntryType, header: Header, **kw: Any) -> Entry:
         return Entry(kind, header, gtid_state=format_gtid_state(self._state), **kw)

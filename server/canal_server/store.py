@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from canal_cluster.errors import InvalidArgument, StoreClosed, StoreError
-from canal_server.entry import Entry
+from canal_server.entry import Entry, PackedRows, Value
 from canal_server.positions import LogIdentity, LogPosition
 
 __all__ = [
@@ -51,23 +51,35 @@ DEFAULT_BUFFER_SIZE = 16384
 DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
 
 _ENTRY_OVERHEAD = 256
-_COLUMN_OVERHEAD = 64
+_IMAGE_OVERHEAD = 56  # a tuple object
+_VALUE_OVERHEAD = 40  # a pointer and a small object's header
 _SCALAR_SIZE = 8
 
 
 def estimate_size(entry: Entry) -> int:
     """A cheap, deterministic estimate of an entry's memory in bytes.
 
-    A fixed overhead per entry and per column plus the length of every string or
-    bytes value (SQL text, names, values); numbers count 8 bytes.
+    A fixed overhead per entry, per row image and per value, plus the SQL text and
+    the rows' payload: the binlog event's size when the header spans one (the
+    encoded values; no per-value walk on the hot path), else the length of every
+    string or bytes value (numbers count 8 bytes). Rows the C decoder left as
+    msgpack (``PackedRows``) count their bytes only.
     """
-    size = _ENTRY_OVERHEAD + len(entry.sql) + len(entry.header.schema) + len(entry.header.table)
-    for row in entry.rows:
-        for col in (*row.before, *row.after):
-            v = col.value
-            vsize = len(v) if isinstance(v, str | bytes) else _SCALAR_SIZE
-            size += _COLUMN_OVERHEAD + len(col.name) + vsize
-    return size
+    h = entry.header
+    size = _ENTRY_OVERHEAD + len(entry.sql) + len(h.schema) + len(h.table)
+    images = entry.images
+    if images is None:
+        return size
+    if isinstance(images, PackedRows):  # bytes only, until someone asks for the values
+        return size + len(images.packed_before) + len(images.packed_after)
+    count = len(images.before) + len(images.after)
+    size += count * (_IMAGE_OVERHEAD + _VALUE_OVERHEAD * len(images.columns.names))
+    span = h.end_offset - h.offset
+    return size + (span if span > 0 else _payload(images.before) + _payload(images.after))
+
+
+def _payload(rows: tuple[tuple[Value, ...], ...]) -> int:
+    return sum(len(v) if isinstance(v, str | bytes) else _SCALAR_SIZE for row in rows for v in row)
 
 
 @dataclass(frozen=True)
