@@ -75,7 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=300_000, help="row changes in the binlog")
     p.add_argument("--only", default="", help=f"comma-separated parts of: {','.join(names)}")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON result file")
-    p.add_argument("--repeat", type=int, default=3, help="runs per reader (median)")
+    p.add_argument(
+        "--repeat", type=int, default=5, help="runs per reader and end-to-end path (median)"
+    )
     p.add_argument("--latency-seconds", type=float, default=10.0, help="per rate")
     p.add_argument("--failover-trials", type=int, default=5)
     p.add_argument("--failover-ttl", type=float, default=3.0, help="election.ttl_s (s)")

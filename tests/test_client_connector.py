@@ -12,7 +12,7 @@ from client_fixtures import FakeCluster, entry_wire
 
 from canal_client.connector import ClusterConnector, Connector, SimpleConnector
 from canal_client.model import Batch, EntryType
-from canal_client.resolver import StaticResolver
+from canal_client.resolver import Leader, LeaderResolver, StaticResolver
 from canal_cluster.errors import (
     InvalidArgument,
     NotSubscribed,
@@ -148,6 +148,41 @@ def test_503_retry_after_is_waited_then_retried() -> None:
         conn.subscribe()
         assert ids(conn.get_without_ack(1, 0)) == [0]
     assert waits and waits[0] >= 1.0  # Retry-After honoured over the 1 ms backoff
+
+
+def test_backoff_starts_over_for_a_new_leader() -> None:
+    """The backoff grown against a dead leader does not delay the first calls to the
+    next one (the failover benchmark lost 2 s to it)."""
+    fake = cluster(leader=B)
+    fake.down.update((A, B))
+    waits: list[float] = []
+
+    class Switching(LeaderResolver):
+        now = A
+
+        def current(self) -> Leader:
+            return Leader(self.now)
+
+        def failed(self, url: str) -> None:
+            pass
+
+        def redirected(self, url: str) -> None:
+            pass
+
+        def wait_change(self, timeout_s: float) -> None:
+            waits.append(timeout_s)
+            if len(waits) == 6:
+                self.now = B  # elected while we wait; still starting up for two calls
+            if len(waits) == 8:
+                fake.down.discard(B)
+
+    policy = RetryPolicy(initial_s=0.001, multiplier=2.0, max_delay_s=1.0, attempts=50)
+    conn = Connector("example", "1001", Switching(), transport=fake.transport(), retry=policy)
+    with conn:
+        conn.subscribe()
+        assert ids(conn.get_without_ack(1, 0)) == [0]
+    assert waits[:6] == pytest.approx([0.001, 0.002, 0.004, 0.008, 0.016, 0.032])
+    assert waits[6:] == pytest.approx([0.001, 0.002])  # counted again for B
 
 
 def test_down_server_is_skipped_in_the_list() -> None:

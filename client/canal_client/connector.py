@@ -131,6 +131,7 @@ class Connector:
         self._epoch = 0
         self._last_leader: tuple[str, int | None] | None = None
         self._retry_after = 0.0
+        self._backoff: tuple[Leader | None, int] = (None, 0)  # leader seen, waits since
         self._closing = threading.Event()
 
     # -- properties of the contract -----------------------------------------------------
@@ -532,7 +533,17 @@ class Connector:
     # -- waiting ------------------------------------------------------------------------
 
     def _backoff_sleep(self, delay: float) -> None:
-        wait, self._retry_after = max(delay, self._retry_after), 0.0
+        """Wait before the next attempt: the policy's delay, but counted again from its
+        start when the leader changed since the last wait (the backoff that grew against
+        a dead leader must not delay the first calls to the new one), and at least the
+        server's Retry-After; a leader change ends the wait early."""
+        leader = self._resolver.current()
+        seen, waits = self._backoff
+        waits = 0 if leader != seen else waits
+        self._backoff = (leader, waits + 1)
+        policy = self._retry
+        fresh = policy.initial_s * policy.multiplier**waits
+        wait, self._retry_after = max(min(delay, fresh), self._retry_after), 0.0
         self._resolver.wait_change(wait)
 
     def _logger(self, what: str) -> Callable[[int, BaseException], None]:

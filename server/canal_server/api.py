@@ -272,8 +272,8 @@ def create_app(node: Node) -> FastAPI:
             return serving
         view = node.view(d)
         if view.role is Role.STARTING:
-            raise _unavailable(
-                "starting", f"{d}: this node is starting to lead (epoch {view.epoch})"
+            raise _unavailable(  # ready in moments: no wait asked, the client's backoff paces
+                "starting", f"{d}: this node is starting to lead (epoch {view.epoch})", 0
             )
         if view.role is Role.FENCED:
             raise _unavailable("fenced", f"{d}: this node is fenced or stopping")
