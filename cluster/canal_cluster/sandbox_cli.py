@@ -230,9 +230,19 @@ def up(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             say()
         finally:
-            for box in started:
-                _stop(box)
+            _stop_all(started)
     return 0
+
+
+def _stop_all(boxes: list[Sandbox]) -> None:
+    """Stop what was started; a second Ctrl-C/SIGTERM meanwhile cannot cut it short."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for box in boxes:
+            _stop(box)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _serve_up(box: Sandbox, args: argparse.Namespace) -> None:

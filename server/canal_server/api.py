@@ -10,6 +10,9 @@
   the highest epoch of the node's destinations).
 * Bearer tokens when configured (not for ``/v1/health`` and ``/metrics``).
 * Blocking store calls (long polls) run in a worker thread, never on the event loop.
+* Batches in API.md's ``rows`` layout, or with ``layout=compact`` (what the Python
+  client asks for) each rows entry's ``columns`` once and ``before``/``after`` value
+  lists; compact msgpack batches are joined from the entries' once-made bytes.
 
 Errors are ``{"error": code, "message": ..., "field"?: ..., "leader"?: ...}``:
 400 invalid_argument / bad_body, 401 unauthorized, 404 unknown_destination /
