@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
@@ -65,10 +65,6 @@ T = TypeVar("T")
 
 DEFAULT_RETRY = RetryPolicy(initial_s=0.1, multiplier=2.0, max_delay_s=2.0, attempts=-1)
 MAX_RETRY_AFTER_S = 30.0
-
-
-def _batch(reply: Reply) -> Batch:
-    return Batch.from_wire(reply.body, reply.binary_as_base64)
 
 
 class _SessionLost(ClientError):
@@ -131,7 +127,7 @@ class Connector:
         self._epoch = 0
         self._last_leader: tuple[str, int | None] | None = None
         self._retry_after = 0.0
-        self._backoff: tuple[Leader | None, int] = (None, 0)  # leader seen, waits since
+        self._backoff: tuple[Leader | None, Iterator[float]] | None = None  # leader, its delays
         self._closing = threading.Event()
 
     # -- properties of the contract -----------------------------------------------------
@@ -226,7 +222,7 @@ class Connector:
                 self._check_batch_session(batch_id, session)
                 path = f"{self._base()}/batches/{batch_id}?layout=compact"
                 reply = self._request(session, "GET", path, tuples=True)
-                return _batch(reply)
+                return Batch.from_wire(reply.body, reply.binary_as_base64)
 
             try:
                 return self._call("get_batch", op)
@@ -286,7 +282,7 @@ class Connector:
                 reply = self._request(
                     session, "POST", path, body, extra_timeout_s=timeout_s, tuples=True
                 )
-                return _batch(reply), session
+                return Batch.from_wire(reply.body, reply.binary_as_base64), session
 
             try:
                 batch, session = self._call("get_without_ack", op)
@@ -538,12 +534,10 @@ class Connector:
         a dead leader must not delay the first calls to the new one), and at least the
         server's Retry-After; a leader change ends the wait early."""
         leader = self._resolver.current()
-        seen, waits = self._backoff
-        waits = 0 if leader != seen else waits
-        self._backoff = (leader, waits + 1)
-        policy = self._retry
-        fresh = policy.initial_s * policy.multiplier**waits
-        wait, self._retry_after = max(min(delay, fresh), self._retry_after), 0.0
+        if self._backoff is None or self._backoff[0] != leader:
+            self._backoff = (leader, self._retry.delays())
+        fresh = next(self._backoff[1], delay)
+        wait, self._retry_after = max(fresh, self._retry_after), 0.0
         self._resolver.wait_change(wait)
 
     def _logger(self, what: str) -> Callable[[int, BaseException], None]:

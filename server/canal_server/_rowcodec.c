@@ -204,6 +204,16 @@ static inline uint64_t le(const unsigned char *p, int n) {
     return v;
 }
 
+/* The length prefix of a variable-length value at *pp: read into *len and *pp moved past
+   it; 0, or -1 when the prefix or the value would run past end (*pp as far as it got). */
+static inline int var_len(const Col *col, const unsigned char *d, Py_ssize_t *pp,
+                          Py_ssize_t end, uint64_t *len) {
+    if (end - *pp < col->a) return -1;
+    *len = le(d + *pp, col->a);
+    *pp += col->a;
+    return (uint64_t)(end - *pp) < *len ? -1 : 0;
+}
+
 static inline uint64_t be(const unsigned char *p, int n) {
     uint64_t v = 0;
     for (int k = 0; k < n; k++) v = (v << 8) | p[k];
@@ -630,10 +640,8 @@ static PyObject *decode_image(const Codec *c, const unsigned char *d, Py_ssize_t
             v = fixed_object(col, &value, d + p, slow, i);
             p += col->width;
         } else {
-            if (end - p < col->a) goto trunc;
-            uint64_t len = le(d + p, col->a);
-            p += col->a;
-            if ((uint64_t)(end - p) < len) goto trunc;
+            uint64_t len;
+            if (var_len(col, d, &p, end, &len) < 0) goto trunc;
             if (col->kind == K_UTF8)
                 v = PyUnicode_DecodeUTF8((const char *)d + p, (Py_ssize_t)len, NULL);
             else
@@ -865,10 +873,8 @@ static int pack_image(const Codec *c, const unsigned char *d, Py_ssize_t *pp, Py
             status = pack_fixed(b, col, d + p, r);
             p += col->width;
         } else {
-            if (end - p < col->a) return P_TRUNCATED;
-            uint64_t len = le(d + p, col->a);
-            p += col->a;
-            if ((uint64_t)(end - p) < len) return P_TRUNCATED;
+            uint64_t len;
+            if (var_len(col, d, &p, end, &len) < 0) return P_TRUNCATED;
             status = pack_var(b, col, d + p, (size_t)len);
             p += (Py_ssize_t)len;
         }

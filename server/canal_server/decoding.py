@@ -38,7 +38,8 @@ from pymysqlreplication.row_event import RowsEvent
 from canal_server.entry import Column, RowChange, RowImages, TableColumns, Value
 
 __all__ = [
-    "ColumnSpec", "column_specs", "install_fixes", "row_changes", "row_images", "type_name",
+    "ColumnSpec", "column_specs", "install_fixes", "row_changes", "row_images", "table_columns",
+    "type_name",
 ]  # fmt: skip
 
 _INT_NAMES = {
@@ -250,12 +251,20 @@ def _values(
     return tuple(out)
 
 
-def row_images(kind: str, specs: Sequence[ColumnSpec], rows: Sequence[dict[str, Any]]) -> RowImages:
-    """The compact rows of a rows event (the generic path; rowcodec is the fast one)."""
-    columns = TableColumns(
-        tuple(s.name for s in specs), tuple(s.mysql_type for s in specs),
+def table_columns(specs: Sequence[ColumnSpec]) -> TableColumns:
+    """The column metadata of entries, from the specs of a table map."""
+    return TableColumns(
+        tuple(s.name for s in specs),
+        tuple(s.mysql_type for s in specs),
         tuple(s.is_key for s in specs),
-    )  # fmt: skip
+    )
+
+
+def row_images(
+    kind: str, specs: Sequence[ColumnSpec], columns: TableColumns, rows: Sequence[dict[str, Any]]
+) -> RowImages:
+    """The compact rows of a rows event (the generic path; rowcodec is the fast one);
+    ``columns``: ``table_columns(specs)``, made once per table map."""
     if kind == "UPDATE":
         return RowImages(
             columns,

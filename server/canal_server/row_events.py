@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from canal_server import rowcodec
-from canal_server.decoding import ColumnSpec, column_specs, row_images
+from canal_server.decoding import ColumnSpec, column_specs, row_images, table_columns
 from canal_server.entry import PackedRows, RowImages, TableColumns
 
 __all__ = ["RowsDecoder"]
@@ -57,7 +57,7 @@ class RowsDecoder:
             self.generic_events += 1
             if table.specs is None:
                 table.specs = column_specs(ev.columns)
-            return row_images(kind, table.specs, ev.rows)
+            return row_images(kind, table.specs, table.meta, ev.rows)
         self.fast_events += 1
         data, pos, end = body
         packed = self._packed(table, body, kind)
@@ -101,11 +101,7 @@ class RowsDecoder:
             meta, specs = TableColumns(codec.names, codec.mysql_types, codec.keys), None
         else:
             specs = column_specs(ev.columns)
-            meta = TableColumns(
-                tuple(s.name for s in specs),
-                tuple(s.mysql_type for s in specs),
-                tuple(s.is_key for s in specs),
-            )
+            meta = table_columns(specs)
         table = _Table(ev.columns, codec, meta, specs)
         self._tables[ev.table_id] = table
         return table
