@@ -9,6 +9,7 @@ the message is kept and the run goes on), ``unavailable`` (a peer tool is missin
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -36,6 +37,7 @@ __all__ = [
     "percentile",
     "run_part",
     "warnings_of",
+    "write_result",
 ]
 
 log = logging.getLogger("bench")
@@ -179,3 +181,10 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "loadavg_at_start": [round(x, 2) for x in load],
     }
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    """The result document as JSON at ``path`` (directories made); says where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"written: {path}")

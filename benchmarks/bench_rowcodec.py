@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import statistics
 import sys
 import tempfile
@@ -57,7 +56,7 @@ import pymysql.protocol
 from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
-from benchmarks.bench_common import REPO, machine_info
+from benchmarks.bench_common import REPO, machine_info, write_result
 from benchmarks.bench_data import SCHEMA, generate
 from canal_cluster.sandbox import Sandbox
 from canal_server import decoding, rowcodec
@@ -407,9 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     result = run(args.rows, args.repeat)
     print(render(result))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"written: {args.out}")
+    write_result(args.out, result)
     return 0
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import signal
 import sys
@@ -45,7 +44,7 @@ if __package__ in (None, ""):  # run as a script: make the `benchmarks` package 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import bench_node, bench_readers, bench_spark
-from benchmarks.bench_common import REPO, Context, Part, machine_info, run_part
+from benchmarks.bench_common import REPO, Context, Part, machine_info, run_part, write_result
 from benchmarks.bench_data import generate
 from benchmarks.bench_report import ratios, render_table
 from canal_cluster.sandbox import Sandbox
@@ -153,10 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:  # retries during failover trials are expected, not news
         logging.getLogger("canal_client").setLevel(logging.ERROR)
     result = run(args)
-    print(render_table(result))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"\nwritten: {args.out}")
+    print(render_table(result) + "\n")
+    write_result(args.out, result)
     return 0
 
 

@@ -402,24 +402,32 @@ def widths_row(rng: random.Random, rid: int) -> tuple[Any, ...]:
     return (rid, *(maybe(rng, v) for v in values), maybe(rng, f"POINT({rid} {rng.random()})"))
 
 
-def test_widths_precisions_and_fsp_identical_to_reference(db: Sandbox) -> None:
-    rng = random.Random(77)
-    ddl = WIDTHS.format(
+def write_widths(
+    db: Sandbox, schema: str, columns: str, rows: list[Any], also_set: str, server_id: int
+) -> list[Captured]:
+    """The widths table (``columns``) in ``schema``: ``rows`` inserted, every second one
+    updated (negated d65_30, tm6 NULL, plus ``also_set``), every third deleted."""
+    ddl = columns.format(
         enum=",".join(f"'{v}'" for v in ENUM_VALUES),
         members=",".join(f"'{m}'" for m in SET_MEMBERS),
     )
-    rows = [widths_row(rng, rid) for rid in range(1, 301)]
-    ncols = len(rows[0])
-    marks = ", ".join(["%s"] * (ncols - 1) + ["ST_GeomFromText(%s)"])
-    db.primary.execute("DROP DATABASE IF EXISTS t_rowcodec_w", "CREATE DATABASE t_rowcodec_w")
+    marks = ", ".join(["%s"] * (len(rows[0]) - 1) + ["ST_GeomFromText(%s)"])
+    db.primary.execute(f"DROP DATABASE IF EXISTS {schema}", f"CREATE DATABASE {schema}")
     journal, offset = write(
         db,
-        (f"CREATE TABLE t_rowcodec_w.t ({ddl}) DEFAULT CHARSET=utf8mb4", None),
-        (f"INSERT INTO t_rowcodec_w.t VALUES ({marks})", rows),
-        ("UPDATE t_rowcodec_w.t SET d65_30 = -d65_30, tm6 = NULL, l1 = 'ü' WHERE id % 2 = 0", None),
-        ("DELETE FROM t_rowcodec_w.t WHERE id % 3 = 0", None),
+        (f"CREATE TABLE {schema}.t ({ddl}) DEFAULT CHARSET=utf8mb4", None),
+        (f"INSERT INTO {schema}.t VALUES ({marks})", rows),
+        (f"UPDATE {schema}.t SET d65_30 = -d65_30, tm6 = NULL{also_set} WHERE id % 2 = 0", None),
+        (f"DELETE FROM {schema}.t WHERE id % 3 = 0", None),
     )  # fmt: skip
-    events = captured_events(db, journal, offset, 7712)
+    return captured_events(db, journal, offset, server_id)
+
+
+def test_widths_precisions_and_fsp_identical_to_reference(db: Sandbox) -> None:
+    rng = random.Random(77)
+    rows = [widths_row(rng, rid) for rid in range(1, 301)]
+    ncols = len(rows[0])
+    events = write_widths(db, "t_rowcodec_w", WIDTHS, rows, ", l1 = 'ü'", 7712)
     assert len(events[0].columns) == ncols
     assert assert_identical(events) > 300 + 200 + 90
     assert assert_packed(events) == 0  # latin1 columns: the text is decoded in Python
@@ -432,24 +440,11 @@ def test_packed_widths_precisions_and_fsp_identical(db: Sandbox) -> None:
     """The widths table without its latin1 columns: decode_packed gives packb(decode)."""
     assert LATIN1 in WIDTHS
     rng = random.Random(78)
-    ddl = WIDTHS.replace(LATIN1, "").format(
-        enum=",".join(f"'{v}'" for v in ENUM_VALUES),
-        members=",".join(f"'{m}'" for m in SET_MEMBERS),
-    )
     names = [d.split()[0] for d in re.split(r",(?![^(]*\))", WIDTHS) if d.strip()]
     latin1 = [names.index("l1"), names.index("l1c")]
     rows = [widths_row(rng, rid) for rid in range(1, 301)]
     rows = [tuple(v for k, v in enumerate(row) if k not in latin1) for row in rows]
-    marks = ", ".join(["%s"] * (len(rows[0]) - 1) + ["ST_GeomFromText(%s)"])
-    db.primary.execute("DROP DATABASE IF EXISTS t_rowcodec_p", "CREATE DATABASE t_rowcodec_p")
-    journal, offset = write(
-        db,
-        (f"CREATE TABLE t_rowcodec_p.t ({ddl}) DEFAULT CHARSET=utf8mb4", None),
-        (f"INSERT INTO t_rowcodec_p.t VALUES ({marks})", rows),
-        ("UPDATE t_rowcodec_p.t SET d65_30 = -d65_30, tm6 = NULL WHERE id % 2 = 0", None),
-        ("DELETE FROM t_rowcodec_p.t WHERE id % 3 = 0", None),
-    )  # fmt: skip
-    events = captured_events(db, journal, offset, 7717)
+    events = write_widths(db, "t_rowcodec_p", WIDTHS.replace(LATIN1, ""), rows, "", 7717)
     assert {e.kind for e in events} == {"INSERT", "UPDATE", "DELETE"}
     assert all(codecs_of(e.columns)[0].packable for e in events)
     assert assert_identical(events) > 300 + 200 + 90
