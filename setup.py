@@ -5,8 +5,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "canal_server._rowcodec",
-            ["server/canal_server/_rowcodec.c"],
+            "canal_server.parse._rowcodec",
+            ["server/canal_server/parse/_rowcodec.c"],
             optional=True,
             extra_compile_args=["-O2"],
         )

@@ -2,7 +2,7 @@
 
 Each call of ``start_nodes`` gets its own etcd prefix and replication slave id; the
 config is rendered with ``canal_server.config.render_toml`` and the node runs as
-``python -m canal_cluster.cli server --config FILE`` (what the ``canal-ha`` script
+``python -m canal_ha.cli server --config FILE`` (what the ``canal-ha`` script
 runs). Every process is also registered with the sandbox, so ``Sandbox.stop()`` ends it
 by pid if a part forgets.
 """
@@ -21,8 +21,8 @@ import psutil
 
 from benchmarks.bench_common import Context
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox.ports import free_port
-from canal_cluster.sandbox.process import ManagedProcess
+from canal_ha.sandbox.ports import free_port
+from canal_ha.sandbox.process import ManagedProcess
 from canal_server.config import render_toml
 
 __all__ = ["DEST", "FAST_ELECTION", "BenchNode", "start_nodes", "stop_all", "wait_leader"]
@@ -124,7 +124,7 @@ def start_nodes(ctx: Context, n: int, label: str, **extra: dict[str, Any]) -> li
         path = ctx.workdir / "nodes" / label / f"node{i}.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(render_toml(cfg))
-        argv = (sys.executable, "-m", "canal_cluster.cli", "server", "--config", str(path))
+        argv = (sys.executable, "-m", "canal_ha.cli", "server", "--config", str(path))
         proc = ManagedProcess(f"bench-{label}-node{i}", argv, path.with_suffix(".log"))
         proc.start()
         ctx.sandbox.add_process(proc)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from canal_cluster.sandbox import Sandbox
+from canal_ha.sandbox import Sandbox
 
 __all__ = [
     "REPO",

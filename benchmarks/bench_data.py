@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from benchmarks.bench_common import Dataset
-from canal_cluster.sandbox import MariaDBServer
+from canal_ha.sandbox import MariaDBServer
 
 __all__ = ["SCHEMA", "TABLES", "TX_ROWS", "generate", "row_select"]
 

@@ -34,7 +34,7 @@ E2E_TIMEOUT_S = 1800.0
 
 def _require() -> Any:
     """The canal_client.connector module, or NotYet naming what is missing."""
-    for module in ("canal_server.server_cli", "canal_server.node", "canal_client.connector"):
+    for module in ("canal_ha.server_cli", "canal_server.node", "canal_client.connector"):
         try:
             importlib.import_module(module)
         except ImportError as exc:

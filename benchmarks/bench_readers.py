@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.bench_common import REPO, Context, Unavailable, median_runs
-from canal_server.entry import Entry
-from canal_server.positions import EntryPosition
-from canal_server.reader import BinlogReader, ReaderConfig
+from canal_protocol.entry import Entry
+from canal_protocol.positions import EntryPosition
+from canal_server.parse.reader import BinlogReader, ReaderConfig
 
 __all__ = ["binlog_reader", "mariadb_binlog", "mysql_replication", "zongji"]
 
@@ -191,4 +191,4 @@ def _binlog_reader_once(ctx: Context, slave_id: int) -> dict[str, Any]:
 
 def binlog_reader(ctx: Context) -> dict[str, Any]:
     runs = [_binlog_reader_once(ctx, 7900 + i) for i in range(ctx.repeat)]
-    return {**median_runs(runs), "reader": "canal_server.reader.BinlogReader, in process"}
+    return {**median_runs(runs), "reader": "canal_server.parse.reader.BinlogReader, in process"}

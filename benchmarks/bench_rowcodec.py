@@ -58,9 +58,9 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 
 from benchmarks.bench_common import REPO, machine_info, write_result
 from benchmarks.bench_data import SCHEMA, generate
-from canal_cluster.sandbox import Sandbox
-from canal_server import decoding, rowcodec
-from canal_server.binlog_stream import next_event, open_stream
+from canal_ha.sandbox import Sandbox
+from canal_server.parse import decoding, rowcodec
+from canal_server.parse.binlog_stream import next_event, open_stream
 
 __all__ = ["main", "measure", "run"]
 

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox import Sandbox
-from canal_cluster.sandbox.mariadb import MariaDBServer
-from canal_server.entry import Entry
-from canal_server.positions import EntryPosition
-from canal_server.reader import BinlogReader, ReaderConfig
+from canal_ha.sandbox import Sandbox
+from canal_ha.sandbox.mariadb import MariaDBServer
+from canal_protocol.entry import Entry
+from canal_protocol.positions import EntryPosition
+from canal_server.parse.reader import BinlogReader, ReaderConfig
 
 COLUMNS = "id INT PRIMARY KEY, name VARCHAR(40), amount DECIMAL(12,2), ts DATETIME(3), n BIGINT"
 

@@ -47,7 +47,7 @@ from benchmarks import bench_node, bench_readers, bench_spark
 from benchmarks.bench_common import REPO, Context, Part, machine_info, run_part, write_result
 from benchmarks.bench_data import generate
 from benchmarks.bench_report import ratios, render_table
-from canal_cluster.sandbox import Sandbox
+from canal_ha.sandbox import Sandbox
 
 __all__ = ["PARTS", "main"]
 

@@ -13,7 +13,7 @@ command -v etcdctl >/dev/null 2>&1 || need_pkgs+=(etcd-client)
 command -v java >/dev/null 2>&1 || need_pkgs+=(default-jre-headless)
 # Validates docker/compose.yml without an engine (`docker-compose -f FILE config`).
 command -v docker-compose >/dev/null 2>&1 || need_pkgs+=(docker-compose)
-# The C row decoder (canal_server._rowcodec) is compiled at install: a compiler and headers.
+# The C row decoder (canal_server.parse._rowcodec) is compiled at install: a compiler and headers.
 command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc)
 py="${PYTHON:-python3}"
 include="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
@@ -34,14 +34,14 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.canal-ha-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
-  || [ server/canal_server/_rowcodec.c -nt "$stamp" ]; then
-  echo "setup: installing canal-ha into .venv (editable, all extras)"
+  || [ server/canal_server/parse/_rowcodec.c -nt "$stamp" ]; then
+  echo "setup: installing canal-ha into .venv (editable, every extra)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[spark,dev]"
+  .venv/bin/python -m pip install -q -e ".[server,spark,dev]"
   touch "$stamp"
 fi
 # The extension is optional for pip (a pure-Python decoder exists); here it must be there.
-.venv/bin/python -c 'import canal_server._rowcodec' 2>/dev/null || {
+.venv/bin/python -c 'import canal_server.parse._rowcodec' 2>/dev/null || {
   echo "setup: the C row decoder did not build (needs gcc and Python headers)" >&2
   exit 1
 }

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from canal_cluster.sandbox import Sandbox
+from canal_ha.sandbox import Sandbox
 
 # Fixture modules shared by several test files, registered once here.
 pytest_plugins = ("reader_fixtures",)

@@ -11,13 +11,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
+from memory_coordinator import MemoryCoordinator
 
 from canal_cluster.coordinator import Coordinator, Lease
 from canal_cluster.etcd_coordinator import EtcdCoordinator
-from canal_cluster.memory_coordinator import MemoryCoordinator
 from canal_cluster.retry import wait_until
 from canal_cluster.running import ElectionConfig, Reason, RunningMonitor
-from canal_cluster.sandbox import Sandbox
+from canal_ha.sandbox import Sandbox
 
 __all__ = [
     "ETCD_CFG",

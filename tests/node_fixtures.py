@@ -40,9 +40,9 @@ import pytest
 from reader_fixtures import collect_leaked_sockets
 
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox import Sandbox
-from canal_cluster.sandbox.ports import free_port
-from canal_cluster.sandbox.process import ManagedProcess
+from canal_ha.sandbox import Sandbox
+from canal_ha.sandbox.ports import free_port
+from canal_ha.sandbox.process import ManagedProcess
 from canal_server.config import render_toml
 
 __all__ = [
@@ -193,7 +193,7 @@ def start_nodes(
         path = tmp_path / f"cluster{run}" / f"{node_id}.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(render_toml(cfg))
-        argv = (sys.executable, "-m", "canal_cluster.cli", "server", "--config", str(path))
+        argv = (sys.executable, "-m", "canal_ha.cli", "server", "--config", str(path))
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
         proc = ManagedProcess(f"node-{run}-{node_id}", argv, path.with_suffix(".log"), env=env)
         url = cfg["node"]["advertise_url"]

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from canal_cluster.sandbox import Sandbox
+from canal_ha.sandbox import Sandbox
 
 __all__ = ["collect_leaked_sockets", "db"]
 

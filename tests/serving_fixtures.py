@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from canal_server.entry import Column, Entry, EntryType, EventType, Header, RowChange, RowImages
-from canal_server.positions import LogIdentity, LogPosition
+from canal_protocol.entry import Column, Entry, EntryType, EventType, Header, RowChange, RowImages
+from canal_protocol.positions import LogIdentity, LogPosition
 
 __all__ = ["IDENTITY", "EntryFactory", "position_of"]
 

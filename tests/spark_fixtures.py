@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from canal_client.model import Batch, Entry
 from canal_client.spark import CanalOptions
-from canal_cluster.errors import UnknownBatch
+from canal_protocol import Batch, Entry
+from canal_protocol.errors import UnknownBatch
 
 LOGFILE = "mariadb-bin.000001"
 

@@ -16,9 +16,9 @@ import pytest
 from node_fixtures import DEST, WAIT_S, NodeProc, start_nodes, wait_leader
 from reader_fixtures import collect_leaked_sockets
 
-from canal_client.model import Batch
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox import Sandbox
+from canal_ha.sandbox import Sandbox
+from canal_protocol import Batch
 
 TOKEN = "s3cret-token"
 DB = "t_api"

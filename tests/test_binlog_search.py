@@ -6,8 +6,8 @@ from collections.abc import Generator
 
 import pytest
 
-from canal_cluster.errors import PurgedPosition
-from canal_server.binlog_search import (
+from canal_protocol.errors import PurgedPosition
+from canal_server.parse.binlog_search import (
     BinlogEvent,
     BinlogFile,
     BinlogSearch,

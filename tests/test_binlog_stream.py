@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from pymysqlreplication import BinLogStreamReader
 
-from canal_cluster.errors import BinlogConfigError, BinlogConnectionLost
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox import Sandbox
-from canal_server import binlog_stream
-from canal_server.binlog_stream import (
+from canal_ha.sandbox import Sandbox
+from canal_protocol.errors import BinlogConfigError, BinlogConnectionLost
+from canal_server.parse import binlog_stream
+from canal_server.parse.binlog_stream import (
     check_binlog_config,
     check_server_config,
     event_span,

@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox import Sandbox
-from canal_cluster.sandbox.process import pid_alive
+from canal_ha.sandbox import Sandbox
+from canal_ha.sandbox.process import pid_alive
 
-CLI = [sys.executable, "-m", "canal_cluster.cli"]
+CLI = [sys.executable, "-m", "canal_ha.cli"]
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 from client_fixtures import FakeCluster, entry_wire
+from memory_coordinator import MemoryCoordinator
 
-from canal_client import consume_cli
+from canal_ha import consume as consume_cli
 from canal_client.connector import Connector, SimpleConnector
-from canal_client.model import Entry
 from canal_client.status import format_table, status_from_etcd
-from canal_cluster.cli import build_parser
 from canal_cluster.keys import Keys
-from canal_cluster.memory_coordinator import MemoryCoordinator
 from canal_cluster.retry import RetryPolicy
+from canal_ha.cli import build_parser
+from canal_protocol import Entry
 
 A = "http://127.0.0.1:7201"
 
@@ -77,7 +77,7 @@ def test_text_format_of_updates_nulls_binary_and_transactions() -> None:
 
 
 def test_usage_errors_exit_2() -> None:
-    cli = [sys.executable, "-m", "canal_cluster.cli"]
+    cli = [sys.executable, "-m", "canal_ha.cli"]
     res = subprocess.run([*cli, "consume", "--destination", "d", "--client-id", "c"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert res.returncode == 2 and "--etcd" in res.stderr

@@ -11,15 +11,15 @@ import threading
 
 import pytest
 from client_fixtures import FakeCluster, entry_wire
+from memory_coordinator import MemoryCoordinator
 
 from canal_client.connector import ClusterConnector
 from canal_client.exclusive import ActiveGate
 from canal_client.resolver import EtcdResolver
-from canal_cluster.errors import ClientError
 from canal_cluster.keys import Keys
-from canal_cluster.memory_coordinator import MemoryCoordinator
 from canal_cluster.retry import RetryPolicy, wait_until
 from canal_cluster.running import ElectionConfig
+from canal_protocol.errors import ClientError
 
 A, B = "http://127.0.0.1:7101", "http://127.0.0.1:7102"
 KEYS = Keys()

@@ -11,16 +11,16 @@ import pytest
 from client_fixtures import FakeCluster, entry_wire
 
 from canal_client.connector import ClusterConnector, Connector, SimpleConnector
-from canal_client.model import Batch, EntryType
 from canal_client.resolver import Leader, LeaderResolver, StaticResolver
-from canal_cluster.errors import (
+from canal_cluster.retry import RetryPolicy
+from canal_protocol import Batch, EntryType
+from canal_protocol.errors import (
     InvalidArgument,
     NotSubscribed,
     RetryExhausted,
     Unauthorized,
     UnknownBatch,
 )
-from canal_cluster.retry import RetryPolicy
 
 A, B, C = "http://127.0.0.1:7001", "http://127.0.0.1:7002", "http://127.0.0.1:7003"
 FAST = RetryPolicy(initial_s=0.001, max_delay_s=0.01, attempts=50)
@@ -49,12 +49,12 @@ HEAVY = "('pymysqlreplication', 'fastapi', 'uvicorn', 'starlette')"
 
 def test_import_pulls_no_server_dependencies() -> None:
     code = (
-        "import sys, canal_client, canal_client.connector, canal_client.consume_cli\n"
+        "import sys, canal_client, canal_client.connector, canal_ha.consume\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in "
         f"{HEAVY[:-1]}, 'pymysql', 'canal_server')]\n"
         "assert not bad, bad\n"
         # `canal-ha consume` parses its command line without them either
-        "from canal_cluster.cli import build_parser\n"
+        "from canal_ha.cli import build_parser\n"
         "build_parser().parse_args(['consume', '--server', 'http://127.0.0.1:1',"
         " '--destination', 'd', '--client-id', 'c'])\n"
         f"bad = [m for m in sys.modules if m.split('.')[0] in {HEAVY}]\n"

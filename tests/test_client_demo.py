@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CLI = [sys.executable, "-m", "canal_cluster.cli"]
+CLI = [sys.executable, "-m", "canal_ha.cli"]
 
 
 def test_demo_kill_leader_loses_no_row(tmp_path: Path) -> None:

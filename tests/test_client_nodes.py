@@ -28,11 +28,11 @@ from node_fixtures import DEST, WAIT_S, NodeProc, wait_leader
 from node_fixtures import node_cluster as _node_cluster  # noqa: F401 - the fixture
 
 from canal_client.connector import ClusterConnector
-from canal_client.model import Batch, EntryType
 from canal_cluster.retry import RetryPolicy, wait_until
-from canal_cluster.sandbox import Sandbox
+from canal_ha.sandbox import Sandbox
+from canal_protocol import Batch, EntryType
 
-CLI = [sys.executable, "-m", "canal_cluster.cli"]
+CLI = [sys.executable, "-m", "canal_ha.cli"]
 TOKEN = "client-test-token"
 NodeCluster = Callable[..., list[NodeProc]]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from canal_cluster.errors import ConfigError
+from canal_protocol.errors import ConfigError
 from canal_server.config import config_from_dict, dsn_of, load_config, render_toml
 
 EXAMPLE = """

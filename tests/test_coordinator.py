@@ -6,8 +6,8 @@ import pytest
 from coord_fixtures import WAIT_S, Backend, backend, etcd_endpoints
 
 from canal_cluster.coordinator import Delete, Put, WatchEvent, WatchEventType
-from canal_cluster.errors import Fenced
 from canal_cluster.retry import wait_until
+from canal_protocol.errors import Fenced
 
 __all__ = ["backend", "etcd_endpoints"]  # fixtures used below
 

@@ -11,15 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from serving_fixtures import IDENTITY, EntryFactory, position_of
 
-from canal_cluster.errors import (
+from canal_protocol.batch import Batch
+from canal_protocol.entry import Entry
+from canal_protocol.errors import (
     BatchUnavailable,
     InvalidArgument,
     NotSubscribed,
     StoreClosed,
     UnknownBatch,
 )
-from canal_server.embedded import Batch, EmbeddedServer
-from canal_server.entry import Entry
+from canal_server.embedded import EmbeddedServer
 from canal_server.meta import MemoryMetaManager, MetaSnapshot
 from canal_server.store import EventStore
 

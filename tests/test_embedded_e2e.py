@@ -16,18 +16,20 @@ import pytest
 from reader_fixtures import db  # noqa: F401  (fixture)
 
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox import Sandbox
-from canal_server.embedded import Batch, EmbeddedServer
-from canal_server.entry import Entry, EntryType
-from canal_server.filter import EventFilter, EventSink
-from canal_server.logposition import (
+from canal_ha.sandbox import Sandbox
+from canal_protocol.batch import Batch
+from canal_protocol.entry import Entry, EntryType
+from canal_protocol.positions import EntryPosition, LogPosition
+from canal_server.embedded import EmbeddedServer
+from canal_server.filter import EventFilter
+from canal_server.meta import MemoryMetaManager, MetaSnapshot
+from canal_server.parse.logposition import (
     FailbackLogPositionManager,
     MemoryLogPositionManager,
     MetaLogPositionManager,
 )
-from canal_server.meta import MemoryMetaManager, MetaSnapshot
-from canal_server.positions import EntryPosition, LogPosition
-from canal_server.reader import BinlogReader, ReaderConfig
+from canal_server.parse.reader import BinlogReader, ReaderConfig
+from canal_server.sink import EventSink
 from canal_server.store import EventStore
 
 DB = "t_serving_e2e"

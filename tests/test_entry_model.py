@@ -7,19 +7,19 @@ import json
 
 import msgpack
 
-from canal_client.model import Batch as ClientBatch
-from canal_server.embedded import Batch
-from canal_server.entry import (
+from canal_protocol.batch import Batch, pack_compact_entry
+from canal_protocol.batch import Batch as ClientBatch
+from canal_protocol.entry import (
     Column,
     Entry,
     EntryType,
     EventType,
     Header,
-    PackedRows,
     RowChange,
     RowImages,
     TableColumns,
 )
+from canal_server.packed import PackedRows
 
 COLS = TableColumns(("id", "b", "s"), ("int", "varbinary(4)", "varchar(8)"), (True, False, False))
 
@@ -91,14 +91,14 @@ def _packed(images: RowImages) -> PackedRows:
 def test_packed_rows_read_and_encode_like_their_images() -> None:
     images = RowImages(COLS, before=((1, b"\x00", None),), after=((1, b"\x01", "\u00e9"),))
     plain, packed = _entry(EventType.UPDATE, images), _entry(EventType.UPDATE, _packed(images))
-    assert packed.packed_compact == plain.packed_compact
+    assert pack_compact_entry(packed) == pack_compact_entry(plain)
     assert packed.row_count == 1 and packed.rows == plain.rows
     assert packed.to_wire() == plain.to_wire()
     insert = RowImages(COLS, after=((2, b"", "x"), (3, None, None)))
-    assert _entry(EventType.INSERT, _packed(insert)).packed_compact == (
-        _entry(EventType.INSERT, insert).packed_compact
+    assert pack_compact_entry(_entry(EventType.INSERT, _packed(insert))) == (
+        pack_compact_entry(_entry(EventType.INSERT, insert))
     )
     batch = Batch(9, (plain, _entry(EventType.INSERT, _packed(insert), 80)))
-    assert msgpack.unpackb(batch.packed_compact()) == msgpack.unpackb(
+    assert msgpack.unpackb(batch.pack_compact()) == msgpack.unpackb(
         msgpack.packb(batch.to_wire(compact=True), use_bin_type=True)
     )

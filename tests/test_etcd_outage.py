@@ -26,7 +26,7 @@ from canal_cluster.coordinator import WatchEvent, WatchEventType
 from canal_cluster.etcd_coordinator import EtcdCoordinator
 from canal_cluster.retry import wait_until
 from canal_cluster.running import ElectionConfig, MonitorEvent, Reason
-from canal_cluster.sandbox import Sandbox
+from canal_ha.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from decimal import Decimal
 from typing import Any
 
 from canal_cluster.retry import RetryPolicy, wait_until
-from canal_cluster.sandbox import Sandbox
-from canal_server.entry import Column, Entry, EntryType
-from canal_server.positions import EntryPosition
-from canal_server.reader import BinlogReader, ReaderConfig
+from canal_ha.sandbox import Sandbox
+from canal_protocol.entry import Column, Entry, EntryType
+from canal_protocol.positions import EntryPosition
+from canal_server.parse.reader import BinlogReader, ReaderConfig
 
 DB = "t_types"
 COLUMNS = """

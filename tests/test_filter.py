@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from serving_fixtures import IDENTITY, EntryFactory, position_of
 
-from canal_cluster.errors import InvalidArgument
-from canal_server.entry import EntryType
-from canal_server.filter import EventFilter, EventSink, NameFilter
-from canal_server.logposition import MemoryLogPositionManager
+from canal_protocol.entry import EntryType
+from canal_protocol.errors import InvalidArgument
+from canal_server.filter import EventFilter, NameFilter
+from canal_server.parse.logposition import MemoryLogPositionManager
+from canal_server.sink import EventSink
 from canal_server.store import EventStore
 
 

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 import pytest
 from pymysqlreplication.row_event import WriteRowsEvent
 
-from canal_cluster.errors import PositionNotFound, PurgedPosition
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox import Sandbox
-from canal_cluster.sandbox.mariadb import MariaDBServer
-from canal_server import binlog_stream
-from canal_server.binlog_search import BinlogEvent, StreamEventSource
-from canal_server.finder import (
+from canal_ha.sandbox import Sandbox
+from canal_ha.sandbox.mariadb import MariaDBServer
+from canal_protocol.errors import PositionNotFound, PurgedPosition
+from canal_protocol.positions import EntryPosition, LogIdentity, LogPosition
+from canal_server.parse import binlog_stream
+from canal_server.parse.binlog_search import BinlogEvent, StreamEventSource
+from canal_server.parse.finder import (
     ConfiguredPosition,
     DatabaseLink,
     FinderConfig,
@@ -31,8 +32,7 @@ from canal_server.finder import (
     FoundPosition,
     PositionFinder,
 )
-from canal_server.logposition import MemoryLogPositionManager
-from canal_server.positions import EntryPosition, LogIdentity, LogPosition
+from canal_server.parse.logposition import MemoryLogPositionManager
 
 SandboxFactory = Callable[..., Sandbox]
 DEST = "finder"

@@ -14,8 +14,8 @@ from typing import Any
 from node_fixtures import DEST, node_cluster, wait_leader  # noqa: F401  (fixture)
 
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox import Sandbox
-from canal_cluster.sandbox.ports import free_port
+from canal_ha.sandbox import Sandbox
+from canal_ha.sandbox.ports import free_port
 from canal_server.api_models import HealthOut
 from canal_server.instance import BinlogEndProbe, master_status
 

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from canal_cluster.errors import ConfigError, InvalidArgument
 from canal_cluster.keys import Keys, validate_id
+from canal_protocol.errors import ConfigError, InvalidArgument
 
 
 def test_layout_under_default_prefix() -> None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from serving_fixtures import IDENTITY, EntryFactory, position_of
 
-from canal_server.logposition import (
+from canal_protocol.positions import EntryPosition, LogIdentity, LogPosition
+from canal_server.meta import MemoryMetaManager, MetaManager
+from canal_server.parse.logposition import (
     FailbackLogPositionManager,
     LogPositionManager,
     MemoryLogPositionManager,
     MetaLogPositionManager,
 )
-from canal_server.meta import MemoryMetaManager, MetaManager
-from canal_server.positions import EntryPosition, LogIdentity, LogPosition
 
 
 def test_memory_manager_keeps_latest_per_destination() -> None:

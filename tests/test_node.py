@@ -17,7 +17,7 @@ from node_fixtures import DEST, WAIT_S, NodeProc, node_cluster, wait_leader  # n
 from canal_cluster.etcd_coordinator import EtcdCoordinator
 from canal_cluster.keys import Keys
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox import Sandbox
+from canal_ha.sandbox import Sandbox
 
 DB = "t_node"
 Cluster = Callable[..., list[NodeProc]]
@@ -209,7 +209,7 @@ def test_bad_config_exits_2_naming_the_key(tmp_path: Path, text: str, needle: st
     path = tmp_path / "bad.toml"
     path.write_text(text)
     res = subprocess.run(
-        [sys.executable, "-m", "canal_cluster.cli", "server", "--config", str(path)],
+        [sys.executable, "-m", "canal_ha.cli", "server", "--config", str(path)],
         capture_output=True,
         text=True,
         timeout=60,

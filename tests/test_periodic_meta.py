@@ -9,17 +9,17 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from coord_fixtures import ETCD_CFG, ETCD_TIMEOUT_S, WAIT_S, FakeClock, etcd_endpoints
+from memory_coordinator import MemoryCoordinator
 
 from canal_cluster.coordinator import Coordinator
-from canal_cluster.errors import CoordinatorUnavailable, Fenced
 from canal_cluster.etcd_coordinator import EtcdCoordinator
 from canal_cluster.keys import Keys
-from canal_cluster.memory_coordinator import MemoryCoordinator
-from canal_cluster.periodic_meta import MAX_TXN_OPS, PeriodicMetaManager
 from canal_cluster.retry import wait_until
 from canal_cluster.running import Reason, RunningMonitor
+from canal_protocol.errors import CoordinatorUnavailable, Fenced
+from canal_protocol.positions import EntryPosition, LogIdentity, LogPosition
 from canal_server.meta import PositionRange
-from canal_server.positions import EntryPosition, LogIdentity, LogPosition
+from canal_server.meta.periodic import MAX_TXN_OPS, PeriodicMetaManager
 
 __all__ = ["etcd_endpoints"]  # fixture used below
 

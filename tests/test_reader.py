@@ -18,10 +18,10 @@ from pymysqlreplication.event import MariadbGtidEvent, XidEvent
 from pymysqlreplication.row_event import WriteRowsEvent
 
 from canal_cluster.retry import RetryPolicy, wait_until
-from canal_cluster.sandbox import Sandbox
-from canal_server.entry import Entry, EntryType, EventType
-from canal_server.positions import EntryPosition
-from canal_server.reader import (
+from canal_ha.sandbox import Sandbox
+from canal_protocol.entry import Entry, EntryType, EventType
+from canal_protocol.positions import EntryPosition
+from canal_server.parse.reader import (
     BinlogReader,
     DetectingConfig,
     ReaderConfig,

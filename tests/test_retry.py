@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from canal_cluster.errors import RetryExhausted
 from canal_cluster.retry import RetryPolicy, wait_until
+from canal_protocol.errors import RetryExhausted
 
 
 class FakeTime:

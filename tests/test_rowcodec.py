@@ -26,10 +26,10 @@ from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 from test_every_type import COLUMNS, ROWS
 
-from canal_cluster.errors import RowDecodeError
-from canal_cluster.sandbox import Sandbox
-from canal_server import decoding, rowcodec
-from canal_server.binlog_stream import next_event, open_stream
+from canal_ha.sandbox import Sandbox
+from canal_protocol.errors import RowDecodeError
+from canal_server.parse import decoding, rowcodec
+from canal_server.parse.binlog_stream import next_event, open_stream
 
 KINDS = {WriteRowsEvent: "INSERT", UpdateRowsEvent: "UPDATE", DeleteRowsEvent: "DELETE"}
 Sig = list[list[tuple[str, str]]]

@@ -21,12 +21,11 @@ from coord_fixtures import (
     FakeClock,
     etcd_endpoints,
 )
+from memory_coordinator import MemoryCoordinator
 
 from canal_cluster.coordinator import CampaignResult, Lease, Put
-from canal_cluster.errors import ConfigError, CoordinatorUnavailable, Fenced
 from canal_cluster.etcd_coordinator import EtcdCoordinator
 from canal_cluster.keys import Keys
-from canal_cluster.memory_coordinator import MemoryCoordinator
 from canal_cluster.retry import wait_until
 from canal_cluster.running import (
     ElectionConfig,
@@ -37,6 +36,7 @@ from canal_cluster.running import (
     read_running,
     server_running_monitor,
 )
+from canal_protocol.errors import ConfigError, CoordinatorUnavailable, Fenced
 
 __all__ = ["etcd_endpoints"]  # fixture used below
 

@@ -10,11 +10,11 @@ import pymysql
 import pytest
 from pyetcd import client as etcd_client
 
-from canal_cluster.errors import SandboxStartError
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox import EtcdCluster, Sandbox
-from canal_cluster.sandbox.mariadb import CANAL_PASSWORD, CANAL_USER, MariaDBServer
-from canal_cluster.sandbox.ports import free_port
+from canal_ha.sandbox import EtcdCluster, Sandbox
+from canal_ha.sandbox.mariadb import CANAL_PASSWORD, CANAL_USER, MariaDBServer
+from canal_ha.sandbox.ports import free_port
+from canal_protocol.errors import SandboxStartError
 
 
 def etcd_put_get(endpoint: str, key: str, value: str) -> str:

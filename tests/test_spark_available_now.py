@@ -27,7 +27,6 @@ from spark_fixtures import (  # noqa: F401  (fixture)
 )
 from test_spark_reader import OPTS, Engine, expected
 
-from canal_client.model import Batch
 from canal_client.spark import (
     BinlogPoint,
     CanalOptions,
@@ -39,7 +38,8 @@ from canal_client.spark import (
 )
 from canal_client.spark_rows import EntryKey
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox import Sandbox
+from canal_ha.sandbox import Sandbox
+from canal_protocol import Batch
 
 LOGFILE = "mariadb-bin.000001"
 

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from node_fixtures import DEST, node_cluster, wait_leader  # noqa: F401  (fixture)
 
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox import Sandbox
+from canal_ha.sandbox import Sandbox
 
 log_ = logging.getLogger("test_spark_e2e")
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ from spark_fixtures import FakeConnector, FakeServer, make_entries
 
 from canal_client.spark import CanalOptions, CanalStreamReader, ConnectorLike
 from canal_client.spark_rows import Offset, Row, entry_rows
-from canal_cluster.errors import ReplayMismatch
+from canal_protocol.errors import ReplayMismatch
 
 OPTS = CanalOptions(
     destination="example",

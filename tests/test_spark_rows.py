@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from spark_fixtures import ddl_entry, make_entries
 
-from canal_client.model import Entry
 from canal_client.spark import CanalOptions, schema_ddl
 from canal_client.spark_rows import FIELDS, MIN_KEY, EntryKey, Offset, entry_key, entry_rows
-from canal_cluster.errors import ConfigError
+from canal_protocol import Entry
+from canal_protocol.errors import ConfigError
 
 COL = {name: i for i, (name, _) in enumerate(FIELDS)}
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from serving_fixtures import IDENTITY, EntryFactory, position_of
 
-from canal_cluster.errors import InvalidArgument, StoreClosed, StoreError
 from canal_cluster.retry import wait_until
+from canal_protocol.errors import InvalidArgument, StoreClosed, StoreError
 from canal_server.store import EventStore, estimate_size
 
 WAIT_S = 30.0

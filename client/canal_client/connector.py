@@ -40,11 +40,14 @@ from typing import Any, TypeVar
 import httpx
 
 from canal_client.exclusive import ActiveGate
-from canal_client.model import Batch
 from canal_client.resolver import EtcdResolver, Leader, LeaderResolver, StaticResolver
 from canal_client.wire import HttpChannel, Redirected, Reply, WireFormat
 from canal_cluster.coordinator import Coordinator
-from canal_cluster.errors import (
+from canal_cluster.keys import DEFAULT_PREFIX, Keys, validate_id
+from canal_cluster.retry import RetryPolicy
+from canal_cluster.running import ElectionConfig
+from canal_protocol import Batch
+from canal_protocol.errors import (
     ClientError,
     ConfigError,
     InvalidArgument,
@@ -54,9 +57,6 @@ from canal_cluster.errors import (
     StaleLeader,
     UnknownBatch,
 )
-from canal_cluster.keys import DEFAULT_PREFIX, Keys, validate_id
-from canal_cluster.retry import RetryPolicy
-from canal_cluster.running import ElectionConfig
 
 __all__ = ["DEFAULT_RETRY", "ClusterConnector", "Connector", "SimpleConnector"]
 

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from canal_cluster.coordinator import Coordinator, KeyValue, Watch, WatchEvent, WatchEventType
-from canal_cluster.errors import ConfigError, CoordinatorUnavailable
 from canal_cluster.keys import Keys
 from canal_cluster.running import RunningInfo, read_running
+from canal_protocol.errors import ConfigError, CoordinatorUnavailable
 
 __all__ = ["EtcdResolver", "Leader", "LeaderResolver", "StaticResolver", "normalize_url"]
 

@@ -82,7 +82,7 @@ from canal_client.spark_rows import (
     entry_rows,
     entry_timestamp_ms,
 )
-from canal_cluster.errors import CanalError, ConfigError, ReplayMismatch
+from canal_protocol.errors import CanalError, ConfigError, ReplayMismatch
 
 __all__ = [
     "BinlogPoint",

@@ -21,9 +21,9 @@ from typing import Any
 
 from canal_client.wire import HttpChannel
 from canal_cluster.coordinator import Coordinator, KeyValue
-from canal_cluster.errors import CanalError
 from canal_cluster.keys import Keys
 from canal_cluster.running import RunningInfo
+from canal_protocol.errors import CanalError
 
 __all__ = ["format_table", "status_from_etcd", "status_from_server"]
 

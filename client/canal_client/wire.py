@@ -7,7 +7,7 @@ msgpack is the default body format (``Accept``/``Content-Type: application/msgpa
 leader (``X-Canal-Leader``, else ``Location``) a few hops deep; without it a 307
 raises ``Redirected`` carrying the leader's base URL.
 
-Failures become the exception tree of ``canal_cluster.errors``: transport errors →
+Failures become the exception tree of ``canal_protocol.errors``: transport errors →
 ``ServerUnreachable``; 503 → ``LeaderUnavailable`` (with ``Retry-After``); 401 →
 ``Unauthorized``; 400 → ``InvalidArgument``; 404/409 → ``UnknownBatch`` /
 ``UnknownDestination`` / ``NotSubscribed`` by the body's error code.
@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import httpx
 import msgpack
 
-from canal_cluster.errors import (
+from canal_protocol.errors import (
     CanalError,
     InvalidArgument,
     LeaderUnavailable,

@@ -45,13 +45,13 @@ from canal_cluster.coordinator import (
     WatchEvent,
     WatchEventType,
 )
-from canal_cluster.errors import (
+from canal_cluster.retry import RetryPolicy
+from canal_protocol.errors import (
     ConfigError,
     CoordinatorUnavailable,
     Fenced,
     RetryExhausted,
 )
-from canal_cluster.retry import RetryPolicy
 
 __all__ = ["EtcdCoordinator", "EtcdWatch", "parse_endpoint"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from canal_cluster.errors import ConfigError, InvalidArgument
+from canal_protocol.errors import ConfigError, InvalidArgument
 
 __all__ = ["DEFAULT_PREFIX", "Keys", "validate_id"]
 

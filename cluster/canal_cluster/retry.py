@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from canal_cluster.errors import RetryExhausted
+from canal_protocol.errors import RetryExhausted
 
 __all__ = ["RetryPolicy", "wait_until"]
 

@@ -41,8 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from canal_cluster.coordinator import Coordinator, KeyValue, Lease, Watch, WatchEvent
-from canal_cluster.errors import ConfigError, CoordinatorUnavailable, Fenced
 from canal_cluster.keys import Keys, validate_id
+from canal_protocol.errors import ConfigError, CoordinatorUnavailable, Fenced
 
 __all__ = [
     "ElectionConfig",

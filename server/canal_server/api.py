@@ -43,7 +43,9 @@ from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from canal_cluster.errors import (
+from canal_cluster.keys import Keys, validate_id
+from canal_protocol.batch import Batch
+from canal_protocol.errors import (
     BatchUnavailable,
     CoordinationError,
     InvalidArgument,
@@ -52,9 +54,8 @@ from canal_cluster.errors import (
     UnknownBatch,
     UnknownDestination,
 )
-from canal_cluster.keys import Keys, validate_id
 from canal_server import api_models as m
-from canal_server.embedded import Batch, EmbeddedServer
+from canal_server.embedded import EmbeddedServer
 from canal_server.instance import Role
 from canal_server.metrics import CONTENT_TYPE
 from canal_server.node import Node
@@ -130,7 +131,7 @@ def _batch_response(
     """A batch in ``layout``; compact msgpack joins the entries' once-made bytes, the
     rest goes through ``encode`` (which turns bytes into base64 for JSON)."""
     if layout == "compact" and wants_msgpack(request):
-        return Response(batch.packed_compact(), 200, headers, media_type=MSGPACK)
+        return Response(batch.pack_compact(), 200, headers, media_type=MSGPACK)
     return encode(request, batch.to_wire(compact=layout == "compact"), headers=headers)
 
 

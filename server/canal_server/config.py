@@ -69,9 +69,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from canal_cluster.errors import ConfigError, InvalidArgument
 from canal_cluster.keys import Keys
 from canal_cluster.running import ElectionConfig
+from canal_protocol.errors import ConfigError, InvalidArgument
 from canal_server.filter import EventFilter
 
 __all__ = [

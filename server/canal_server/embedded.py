@@ -38,97 +38,28 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
-import msgpack
-
-from canal_cluster.errors import (
+from canal_cluster.keys import Keys
+from canal_protocol.batch import Batch
+from canal_protocol.entry import Entry
+from canal_protocol.errors import (
     BatchUnavailable,
     InvalidArgument,
     NotSubscribed,
     StoreError,
     UnknownBatch,
 )
-from canal_cluster.keys import Keys
-from canal_server.entry import Entry
+from canal_protocol.positions import LogPosition
 from canal_server.filter import EventFilter
 from canal_server.meta import MetaManager, PositionRange
-from canal_server.positions import LogPosition
 from canal_server.store import EventStore, StoredEvent
 
-__all__ = ["MAX_BATCH_SIZE", "MAX_TIMEOUT_S", "Batch", "EmbeddedServer"]
+__all__ = ["MAX_BATCH_SIZE", "MAX_TIMEOUT_S", "EmbeddedServer"]
 
 log = logging.getLogger(__name__)
 
 MAX_BATCH_SIZE = 65536
 MAX_TIMEOUT_S = 300.0
-EMPTY_BATCH_ID = -1
-
-
-@dataclass(frozen=True)
-class Batch:
-    """A batch (Canal's Message): id, entries and the position range it covers."""
-
-    id: int
-    entries: tuple[Entry, ...] = ()
-    start: LogPosition | None = None
-    end: LogPosition | None = None
-
-    @classmethod
-    def empty(cls) -> Batch:
-        return cls(EMPTY_BATCH_ID)
-
-    @property
-    def is_empty(self) -> bool:
-        return self.id == EMPTY_BATCH_ID
-
-    def to_wire(self, binary_as_base64: bool = False, compact: bool = False) -> dict[str, Any]:
-        """``{"id", "entries", "start", "end"}``; empty: ``{"id": -1, "entries": []}``.
-
-        ``compact``: entries in the compact layout (``Entry.to_compact_wire``).
-        """
-        entries = (
-            [e.to_compact_wire() for e in self.entries]
-            if compact
-            else [e.to_wire(binary_as_base64) for e in self.entries]
-        )
-        wire: dict[str, Any] = {"id": self.id, "entries": entries}
-        if self.start is not None and self.end is not None:
-            wire["start"] = self.start.to_dict()
-            wire["end"] = self.end.to_dict()
-        return wire
-
-    def to_json_wire(self) -> dict[str, Any]:
-        return self.to_wire(binary_as_base64=True)
-
-    def packed_compact(self) -> bytes:
-        """msgpack of ``to_wire(compact=True)``, the entries' own bytes joined (each
-        entry is encoded once, see ``Entry.packed_compact``)."""
-        packer = msgpack.Packer(use_bin_type=True)
-        ranged = self.start is not None and self.end is not None
-        parts = [
-            packer.pack_map_header(4 if ranged else 2),
-            packer.pack("id"),
-            packer.pack(self.id),
-            packer.pack("entries"),
-            packer.pack_array_header(len(self.entries)),
-            *(e.packed_compact for e in self.entries),
-        ]
-        if ranged:
-            assert self.start is not None and self.end is not None
-            parts += [packer.pack("start"), packer.pack(self.start.to_dict())]
-            parts += [packer.pack("end"), packer.pack(self.end.to_dict())]
-        return b"".join(parts)
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any], binary_as_base64: bool = False) -> Batch:
-        start, end = d.get("start"), d.get("end")
-        return cls(
-            int(d["id"]),
-            tuple(Entry.from_wire(e, binary_as_base64) for e in d.get("entries", [])),
-            LogPosition.from_dict(start) if start else None,
-            LogPosition.from_dict(end) if end else None,
-        )
 
 
 @dataclass
@@ -376,7 +307,7 @@ class EmbeddedServer:
         log.debug(
             "%s: client %s got batch %d (%d entries)", self.destination, client, batch_id, len(out)
         )
-        return Batch(batch_id, tuple(out), rng.start, rng.end), last.seq
+        return Batch(batch_id, out, rng.start, rng.end), last.seq
 
     def _reread(self, client: str, state: _ClientState, batch_id: int) -> Batch | None:
         rng = self.meta.batch(client, batch_id)
@@ -395,7 +326,7 @@ class EmbeddedServer:
         entries = [ev.entry for ev in events]
         if not state.filter.passes_everything:
             entries = state.filter.narrow(entries)
-        return Batch(batch_id, tuple(entries), rng.start, rng.end)
+        return Batch(batch_id, list(entries), rng.start, rng.end)
 
     def _move_cursor(
         self, client: str, state: _ClientState, position: LogPosition, seq: int | None

@@ -30,8 +30,8 @@ Decisions (Canal's behaviour, written down):
   At get time an empty transaction is dropped when both its BEGIN and END fall in
   the same batch; a BEGIN at the end of a batch is kept.
 
-``EventSink`` is the put path (Canal's EntryEventSink): instance filter → store →
-LogPositionManager.
+The put path (Canal's EntryEventSink: instance filter → store → LogPositionManager)
+is ``canal_server.sink.EventSink``.
 """
 
 from __future__ import annotations
@@ -41,13 +41,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from canal_cluster.errors import InvalidArgument
-from canal_server.entry import Entry, EntryType
-from canal_server.logposition import LogPositionManager
-from canal_server.positions import LogIdentity, LogPosition
-from canal_server.store import EventStore
+from canal_protocol.entry import Entry, EntryType
+from canal_protocol.errors import InvalidArgument
 
-__all__ = ["EventFilter", "EventSink", "NameFilter", "Narrower"]
+__all__ = ["EventFilter", "NameFilter", "Narrower"]
 
 EVERYTHING = ".*\\..*"
 
@@ -219,42 +216,3 @@ class Narrower:
     def finish(self) -> list[Entry]:
         held, self._pending = self._pending, None
         return [held] if held is not None else []
-
-
-class EventSink:
-    """The reader's put path: filter a transaction, store it, record the position.
-
-    ``sink(entries, identity)`` takes one transaction or a chunk of one, in binlog
-    order. The position is persisted only when the chunk leaves the reader outside a
-    transaction (after a TRANSACTIONEND, or after entries without boundaries, such as
-    a DDL), and it is the position of the last *raw* entry, so filtered transactions
-    are not read again after a restart. Blocks while the store is full.
-    """
-
-    def __init__(
-        self,
-        destination: str,
-        event_filter: EventFilter,
-        store: EventStore,
-        positions: LogPositionManager,
-    ) -> None:
-        self.destination = destination
-        self.filter = event_filter
-        self.store = store
-        self.positions = positions
-        self._in_transaction = False
-
-    def sink(self, entries: Sequence[Entry], identity: LogIdentity) -> None:
-        if not entries:
-            return
-        kept = self.filter.filter_transaction(entries)
-        if kept:
-            self.store.put(kept, identity)
-        for e in entries:
-            if e.type is EntryType.TRANSACTIONBEGIN:
-                self._in_transaction = True
-            elif e.type is EntryType.TRANSACTIONEND:
-                self._in_transaction = False
-        if not self._in_transaction:
-            position = LogPosition(identity, entries[-1].position())
-            self.positions.persist(self.destination, position)

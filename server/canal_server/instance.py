@@ -37,37 +37,38 @@ from typing import Any
 import pymysql
 
 from canal_cluster.coordinator import Coordinator
-from canal_cluster.errors import (
+from canal_cluster.keys import Keys
+from canal_cluster.retry import RetryPolicy
+from canal_cluster.running import RunningMonitor
+from canal_protocol.entry import Entry
+from canal_protocol.errors import (
     BinlogConfigError,
     CoordinatorUnavailable,
     PositionNotFound,
     PurgedPosition,
     StoreClosed,
 )
-from canal_cluster.keys import Keys
-from canal_cluster.periodic_meta import PeriodicMetaManager
-from canal_cluster.retry import RetryPolicy
-from canal_cluster.running import RunningMonitor
-from canal_server import binlog_stream
+from canal_protocol.positions import LogPosition
 from canal_server.config import DestinationConfig, SourceSection, dsn_of
 from canal_server.embedded import EmbeddedServer
-from canal_server.entry import Entry
-from canal_server.filter import EventFilter, EventSink
-from canal_server.finder import ConfiguredPosition, DatabaseLink, FinderConfig, PositionFinder
-from canal_server.logposition import (
+from canal_server.filter import EventFilter
+from canal_server.meta.periodic import PeriodicMetaManager
+from canal_server.metrics import InstanceMetrics
+from canal_server.parse import binlog_stream
+from canal_server.parse.finder import ConfiguredPosition, DatabaseLink, FinderConfig, PositionFinder
+from canal_server.parse.logposition import (
     FailbackLogPositionManager,
     MemoryLogPositionManager,
     MetaLogPositionManager,
 )
-from canal_server.metrics import InstanceMetrics
-from canal_server.positions import LogPosition
-from canal_server.reader import (
+from canal_server.parse.reader import (
     BinlogReader,
     DetectingConfig,
     ReaderConfig,
     RunResult,
     address_of,
 )
+from canal_server.sink import EventSink
 from canal_server.store import EventStore
 
 __all__ = [

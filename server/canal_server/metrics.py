@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from canal_server.entry import Entry
+from canal_protocol.entry import Entry
 
 __all__ = [
     "CONTENT_TYPE",

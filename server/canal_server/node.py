@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from canal_cluster.coordinator import Coordinator, Lease, Watch, WatchEvent, WatchEventType
-from canal_cluster.errors import CoordinationError, Fenced, UnknownDestination
 from canal_cluster.etcd_coordinator import EtcdCoordinator
 from canal_cluster.keys import Keys
 from canal_cluster.running import RunningInfo, RunningMonitor, read_running, server_running_monitor
+from canal_protocol.errors import CoordinationError, Fenced, UnknownDestination
 from canal_server.config import NodeConfig
 from canal_server.instance import Instance, Role, build_instance
 from canal_server.metrics import ClientGauge, DestinationGauges, NodeMetrics

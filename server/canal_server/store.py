@@ -32,9 +32,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from canal_cluster.errors import InvalidArgument, StoreClosed, StoreError
-from canal_server.entry import Entry, PackedRows, Value
-from canal_server.positions import LogIdentity, LogPosition
+from canal_protocol.entry import Entry, Value
+from canal_protocol.errors import InvalidArgument, StoreClosed, StoreError
+from canal_protocol.positions import LogIdentity, LogPosition
+from canal_server.packed import PackedRows
 
 __all__ = [
     "DEFAULT_BUFFER_BYTES",

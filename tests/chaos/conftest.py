@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from canal_cluster.sandbox import Sandbox
+from canal_ha.sandbox import Sandbox
 from chaos.harness import ChaosRun
 
 FULL_OPTION = "--chaos-full"

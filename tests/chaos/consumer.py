@@ -24,8 +24,8 @@ from types import FrameType
 from typing import IO, Any
 
 from canal_client.connector import ClusterConnector
-from canal_client.model import Batch, Column, EntryType
 from canal_cluster.running import ElectionConfig
+from canal_protocol import Batch, Column, EntryType
 
 _OPS = {"INSERT": "I", "UPDATE": "U", "DELETE": "D"}
 

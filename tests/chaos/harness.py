@@ -32,9 +32,9 @@ from node_fixtures import DEST, WAIT_S, NodeProc, node_config, start_nodes, wait
 from canal_cluster.etcd_coordinator import EtcdCoordinator
 from canal_cluster.keys import Keys
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox import Sandbox
-from canal_cluster.sandbox.ports import free_port
-from canal_cluster.sandbox.process import ManagedProcess
+from canal_ha.sandbox import Sandbox
+from canal_ha.sandbox.ports import free_port
+from canal_ha.sandbox.process import ManagedProcess
 from canal_server.config import render_toml
 from chaos.checker import (
     AckSeen,
@@ -137,7 +137,7 @@ class ChaosRun:
         path = self.workdir / "nodes" / f"{node_id}.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(render_toml(cfg))
-        argv = (sys.executable, "-m", "canal_cluster.cli", "server", "--config", str(path))
+        argv = (sys.executable, "-m", "canal_ha.cli", "server", "--config", str(path))
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
         proc = ManagedProcess(f"chaos-{node_id}", argv, path.with_suffix(".log"), env=env)
         proc.start()

@@ -32,7 +32,7 @@ from typing import Any
 import pymysql
 
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox.mariadb import MariaDBServer
+from canal_ha.sandbox.mariadb import MariaDBServer
 from chaos.checker import ExpectedChange
 
 __all__ = ["LoadWriter", "Op", "gtid_seq"]

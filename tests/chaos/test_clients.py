@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from canal_cluster.sandbox import Sandbox
+from canal_ha.sandbox import Sandbox
 from chaos.harness import ChaosRun
 
 MakeRun = Callable[[Sandbox], ChaosRun]

@@ -13,7 +13,7 @@ from conftest import SandboxFactory
 from node_fixtures import DEST
 
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox import Sandbox
+from canal_ha.sandbox import Sandbox
 from chaos.harness import ChaosRun
 
 MakeRun = Callable[[Sandbox], ChaosRun]

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from node_fixtures import DEST, FAST_ELECTION
 
-from canal_cluster.sandbox import Sandbox
+from canal_ha.sandbox import Sandbox
 from chaos.harness import ChaosRun
 
 MakeRun = Callable[[Sandbox], ChaosRun]

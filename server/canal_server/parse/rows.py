@@ -1,5 +1,6 @@
-"""Rows events → ``PackedRows`` / ``RowImages``: the C decoder writing msgpack, the
-fast specialised decoder, or the generic path.
+"""Row decoding's one entry point: rows events → ``PackedRows`` / ``RowImages``: the C
+decoder writing msgpack, the fast specialised decoder, or the generic path (the
+reference decoder, ``decoding``, a leaf).
 
 One ``RowsDecoder`` per binlog dump keeps, per table id, what the table map says
 (the mysql-replication column list it was built from) and the decoder made for it:
@@ -21,9 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from canal_server import rowcodec
-from canal_server.decoding import ColumnSpec, column_specs, row_images, table_columns
-from canal_server.entry import PackedRows, RowImages, TableColumns
+from canal_protocol.entry import RowImages, TableColumns
+from canal_server.packed import PackedRows, pack_columns
+from canal_server.parse import rowcodec
+from canal_server.parse.decoding import ColumnSpec, column_specs, row_images, table_columns
 
 __all__ = ["RowsDecoder"]
 
@@ -84,7 +86,7 @@ class RowsDecoder:
             return None
         rows, before, after = out
         self.packed_events += 1
-        return PackedRows(table.meta, rows, before, after)
+        return PackedRows(table.meta, rows, before, after, pack_columns(table.meta))
 
     def _table(self, ev: Any) -> _Table:
         """What we know of ev's table. The library makes new column objects at every

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from canal_server.positions import LogPosition
+from canal_protocol.positions import LogPosition
 
 __all__ = [
     "ClientMeta",

@@ -48,17 +48,17 @@ from pymysqlreplication.event import (
 )
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
-from canal_cluster.errors import (
+from canal_cluster.retry import RetryPolicy
+from canal_protocol.entry import Entry, EntryType, EventType, Header
+from canal_protocol.errors import (
     BinlogConfigError,
     BinlogConnectionLost,
     BinlogError,
     PurgedPosition,
 )
-from canal_cluster.retry import RetryPolicy
-from canal_server import binlog_stream
-from canal_server.entry import Entry, EntryType, EventType, Header
-from canal_server.positions import EntryPosition, LogIdentity
-from canal_server.row_events import RowsDecoder
+from canal_protocol.positions import EntryPosition, LogIdentity
+from canal_server.parse import binlog_stream
+from canal_server.parse.rows import RowsDecoder
 
 __all__ = [
     "BinlogReader",
@@ -319,7 +319,6 @@ class TransactionAssembler:
         kind = _ROW_KINDS[type(ev)]
         header = self._header(span, schema=ev.schema, table=ev.table, event_type=EventType(kind))
         entry = self._entry(EntryType.ROWDATA, header, images=self._decoder.decode(ev, kind))
-        _ = entry.packed_compact  # encoded here, once, while consumers work on earlier ones
         self._emit(entry)
 
     def _entry(self, kind: EntryType, header: Header, **kw: Any) -> Entry:

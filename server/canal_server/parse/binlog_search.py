@@ -33,9 +33,9 @@ from pymysqlreplication.event import (
     XidEvent,
 )
 
-from canal_cluster.errors import PositionNotFound, PurgedPosition
-from canal_server import binlog_stream
-from canal_server.positions import journal_seq
+from canal_protocol.errors import PositionNotFound, PurgedPosition
+from canal_protocol.positions import journal_seq
+from canal_server.parse import binlog_stream
 
 __all__ = [
     "BINLOG_START_OFFSET",

@@ -30,8 +30,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from canal_cluster.errors import ConfigError, PositionNotFound, PurgedPosition
-from canal_server.binlog_search import (
+from canal_protocol.errors import ConfigError, PositionNotFound, PurgedPosition
+from canal_protocol.positions import EntryPosition, LogIdentity, LogPosition
+from canal_server.parse.binlog_search import (
     BINLOG_START_OFFSET,
     OPERATOR_HINT,
     BinlogInspector,
@@ -41,7 +42,6 @@ from canal_server.binlog_search import (
     SqlBinlogInspector,
     StreamEventSource,
 )
-from canal_server.positions import EntryPosition, LogIdentity, LogPosition
 
 __all__ = [
     "ConfiguredPosition",

@@ -31,7 +31,7 @@ from canal_cluster.coordinator import (
     WatchEvent,
     WatchEventType,
 )
-from canal_cluster.errors import CoordinatorUnavailable, Fenced
+from canal_protocol.errors import CoordinatorUnavailable, Fenced
 
 __all__ = ["MemoryCoordinator"]
 

@@ -1,8 +1,8 @@
 """PeriodicMetaManager (Canal's PeriodMixedMetaManager): memory first, etcd every period.
 
-Reads and writes go to a ``MemoryMetaManager``; a thread writes what changed to etcd
-every ``flush_period_ms`` in **fenced** transactions (applied only while the running
-key's create revision is our epoch). Keys (DESIGN.md):
+Reads and writes are the ``MemoryMetaManager``'s (this class extends it); a thread
+writes what changed to etcd every ``flush_period_ms`` in **fenced** transactions (applied only while the running
+key's create revision is our epoch). Keys (docs/architecture.md):
 
     {p}/destinations/{d}/{client}/subscription      {"filter", "subscribed", "last_batch_id"}
     {p}/destinations/{d}/{client}/cursor            LogPosition.to_dict()
@@ -26,17 +26,16 @@ from types import MappingProxyType
 from typing import Any
 
 from canal_cluster.coordinator import Coordinator, Delete, Op, Put
-from canal_cluster.errors import CoordinatorUnavailable, Fenced, InvalidArgument, RetryExhausted
 from canal_cluster.keys import Keys
 from canal_cluster.retry import RetryPolicy
-from canal_server.meta import (
+from canal_protocol.errors import CoordinatorUnavailable, Fenced, InvalidArgument, RetryExhausted
+from canal_protocol.positions import LogPosition
+from canal_server.meta.memory import (
     ClientMeta,
     MemoryMetaManager,
-    MetaManager,
     MetaSnapshot,
     PositionRange,
 )
-from canal_server.positions import LogPosition
 
 __all__ = ["MAX_TXN_OPS", "PeriodicMetaManager", "decode_meta", "encode_meta"]
 
@@ -115,8 +114,8 @@ def _is_meta_key(keys: Keys, destination: str, key: str) -> bool:
     return kind in ("subscription", "cursor") or kind.startswith("mark/")
 
 
-class PeriodicMetaManager(MetaManager):
-    """A MetaManager whose state is flushed to etcd by the destination's leader."""
+class PeriodicMetaManager(MemoryMetaManager):
+    """The memory meta manager, whose state the destination's leader flushes to etcd."""
 
     def __init__(
         self,
@@ -128,13 +127,12 @@ class PeriodicMetaManager(MetaManager):
     ) -> None:
         if flush_period_ms <= 0:
             raise InvalidArgument("flush_period_ms", "must be > 0")
-        self.destination = destination
+        super().__init__(destination)
         self._coord = coordinator
         self._keys = keys
         self._running_key = keys.running(destination)
         self._period_s = flush_period_ms / 1000
         self._on_fenced = on_fenced
-        self._memory = MemoryMetaManager(destination)
         self._flush_lock = threading.Lock()
         self._epoch: int | None = None
         self._flushed: dict[str, bytes] = {}  # what etcd holds after our last flush
@@ -157,7 +155,7 @@ class PeriodicMetaManager(MetaManager):
             kv.key: kv.value for kv in found if _is_meta_key(self._keys, self.destination, kv.key)
         }
         with self._flush_lock:
-            self._memory.restore(decode_meta(self._keys, self.destination, stored))
+            self.restore(decode_meta(self._keys, self.destination, stored))
             self._flushed = stored
             self._flushed_version = -1  # the encoding may differ: rewrite on the next flush
             self._epoch = epoch
@@ -213,9 +211,9 @@ class PeriodicMetaManager(MetaManager):
         """
         with self._flush_lock:
             epoch = self._epoch
-            if epoch is None or not self._memory.dirty_since(self._flushed_version):
+            if epoch is None or not self.dirty_since(self._flushed_version):
                 return False
-            snapshot = self._memory.snapshot()
+            snapshot = self.snapshot()
             wanted = encode_meta(self._keys, snapshot)
             ops: list[Op] = [Put(k, v) for k, v in wanted.items() if self._flushed.get(k) != v]
             ops += [Delete(k) for k in self._flushed if k not in wanted]
@@ -241,57 +239,3 @@ class PeriodicMetaManager(MetaManager):
                 self._flushed[op.key] = op.value
             else:
                 self._flushed.pop(op.key, None)
-
-    # -- MetaManager, delegated to memory ---------------------------------------------------
-
-    def subscribe(self, client: str, filter: str) -> None:
-        self._memory.subscribe(client, filter)
-
-    def unsubscribe(self, client: str) -> None:
-        self._memory.unsubscribe(client)
-
-    def is_subscribed(self, client: str) -> bool:
-        return self._memory.is_subscribed(client)
-
-    def subscription(self, client: str) -> str | None:
-        return self._memory.subscription(client)
-
-    def clients(self) -> list[str]:
-        return self._memory.clients()
-
-    def cursor(self, client: str) -> LogPosition | None:
-        return self._memory.cursor(client)
-
-    def update_cursor(self, client: str, position: LogPosition) -> None:
-        self._memory.update_cursor(client, position)
-
-    def add_batch(self, client: str, positions: PositionRange) -> int:
-        return self._memory.add_batch(client, positions)
-
-    def batch(self, client: str, batch_id: int) -> PositionRange | None:
-        return self._memory.batch(client, batch_id)
-
-    def batches(self, client: str) -> list[tuple[int, PositionRange]]:
-        return self._memory.batches(client)
-
-    def remove_batch(self, client: str, batch_id: int) -> PositionRange | None:
-        return self._memory.remove_batch(client, batch_id)
-
-    def last_batch_id(self, client: str) -> int:
-        return self._memory.last_batch_id(client)
-
-    def origin(self) -> LogPosition | None:
-        return self._memory.origin()
-
-    def set_origin(self, position: LogPosition) -> None:
-        self._memory.set_origin(position)
-
-    @property
-    def version(self) -> int:
-        return self._memory.version
-
-    def snapshot(self) -> MetaSnapshot:
-        return self._memory.snapshot()
-
-    def restore(self, snapshot: MetaSnapshot) -> None:
-        self._memory.restore(snapshot)

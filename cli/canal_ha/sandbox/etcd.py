@@ -9,10 +9,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from canal_cluster.errors import RetryExhausted, SandboxStartError
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox.ports import free_port
-from canal_cluster.sandbox.process import ManagedProcess
+from canal_ha.sandbox.ports import free_port
+from canal_ha.sandbox.process import ManagedProcess
+from canal_protocol.errors import RetryExhausted, SandboxStartError
 
 __all__ = ["EtcdCluster", "EtcdMember"]
 

@@ -34,7 +34,7 @@ from typing import Any
 import pymysql
 from pymysqlreplication import BinLogStreamReader
 
-from canal_cluster.errors import (
+from canal_protocol.errors import (
     BinlogConfigError,
     BinlogConnectionLost,
     BinlogError,

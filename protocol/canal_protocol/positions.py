@@ -113,7 +113,31 @@ class LogPosition:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LogPosition:
-        return cls(LogIdentity.from_dict(d["identity"]), EntryPosition.from_dict(d["position"]))
+        return cls(
+            LogIdentity.from_dict(d.get("identity") or {}),
+            EntryPosition.from_dict(d.get("position") or {}),
+        )
+
+    # The position's fields, read flat (``batch.end.offset``).
+    @property
+    def journal(self) -> str:
+        return self.position.journal
+
+    @property
+    def offset(self) -> int:
+        return self.position.offset
+
+    @property
+    def gtid(self) -> str:
+        return self.position.gtid
+
+    @property
+    def timestamp_ms(self) -> int:
+        return self.position.timestamp_ms
+
+    @property
+    def source_address(self) -> str:
+        return self.identity.source_address
 
 
 def min_position(a: LogPosition, b: LogPosition) -> LogPosition:

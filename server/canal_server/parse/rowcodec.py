@@ -27,7 +27,7 @@ a pure-Python thread: 1.9M -> 22k rows/s, benchmarks/bench_rowcodec.py). By defa
 ``decode_packed`` releases the GIL only for bodies of ``NOGIL_MIN_BYTES`` or more,
 where the work is worth that wait.
 
-Two implementations give the same values: the C extension ``canal_server._rowcodec``
+Two implementations give the same values: the C extension ``canal_server.parse._rowcodec``
 (used when it is importable, unless ``CANAL_ROWCODEC=python``) and, per table, Python
 source generated for that table's columns (a loop over row images, one null-bitmap
 test per image, merged ``struct`` reads for runs of fixed-width columns, inline code
@@ -58,12 +58,12 @@ from pymysqlreplication.constants import BINLOG, FIELD_TYPE
 from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import RowsEvent
 
-from canal_cluster.errors import RowDecodeError
-from canal_server import decoding
-from canal_server.entry import Value
+from canal_protocol.entry import Value
+from canal_protocol.errors import RowDecodeError
+from canal_server.parse import decoding
 
 try:
-    from canal_server import _rowcodec
+    from canal_server.parse import _rowcodec
 
     HAVE_NATIVE = True
 except ImportError:  # the C extension is not built: the generated Python is used
@@ -285,7 +285,7 @@ class TableCodec:
         self.keys: tuple[bool, ...] = tuple(s.is_key for s in specs)
         self.native: bool = _use_native() if native is None else native
         if self.native and not HAVE_NATIVE:
-            raise ValueError("the C row decoder (canal_server._rowcodec) is not built")
+            raise ValueError("the C row decoder (canal_server.parse._rowcodec) is not built")
         self._columns = tuple(columns)
         self._specs = specs
         self._post = tuple((i, c.encoding) for i, c in enumerate(plan) if c.encoding)

@@ -35,7 +35,7 @@ from typing import Any
 from pymysqlreplication.constants import FIELD_TYPE
 from pymysqlreplication.row_event import RowsEvent
 
-from canal_server.entry import Column, RowChange, RowImages, TableColumns, Value
+from canal_protocol.entry import Column, RowChange, RowImages, TableColumns, Value
 
 __all__ = [
     "ColumnSpec", "column_specs", "install_fixes", "row_changes", "row_images", "table_columns",

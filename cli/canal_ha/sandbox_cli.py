@@ -14,13 +14,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from canal_cluster.cli import positive_int
-from canal_cluster.console import say
-from canal_cluster.errors import ConfigError, RetryExhausted, SandboxStartError, SandboxStateError
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox import STATE_FILE, Sandbox
-from canal_cluster.sandbox.ports import free_port
-from canal_cluster.sandbox.process import ManagedProcess
+from canal_ha.args import positive_int
+from canal_ha.console import say
+from canal_ha.sandbox import STATE_FILE, Sandbox
+from canal_ha.sandbox.ports import free_port
+from canal_ha.sandbox.process import ManagedProcess
+from canal_protocol.errors import ConfigError, RetryExhausted, SandboxStartError, SandboxStateError
 
 __all__ = ["DEFAULT_WORKDIR", "demo", "down", "register", "up"]
 
@@ -149,7 +149,7 @@ def start_nodes(box: Sandbox, count: int) -> list[dict[str, Any]]:
         path = box.workdir / "nodes" / f"{node_id}.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(render_toml(_node_config(box, node_id, port)))
-        argv = (sys.executable, "-m", "canal_cluster.cli", "server", "--config", str(path))
+        argv = (sys.executable, "-m", "canal_ha.cli", "server", "--config", str(path))
         proc = ManagedProcess(node_id, argv, path.with_suffix(".log"))
         proc.start()
         box.add_process(proc)
@@ -271,7 +271,7 @@ def down(args: argparse.Namespace) -> int:
 
 
 def demo(args: argparse.Namespace) -> int:
-    from canal_cluster.demo import DemoRun
+    from canal_ha.demo import DemoRun
 
     if args.kill_leader is not None and args.nodes < 2:
         raise ConfigError("--kill-leader", "needs --nodes 2 or more")

@@ -10,13 +10,14 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pymysql
+if TYPE_CHECKING:
+    import pymysql
 
-from canal_cluster.errors import RetryExhausted, SandboxStartError
 from canal_cluster.retry import wait_until
-from canal_cluster.sandbox.process import ManagedProcess, ProcessRecord
+from canal_ha.sandbox.process import ManagedProcess, ProcessRecord
+from canal_protocol.errors import RetryExhausted, SandboxStartError
 
 __all__ = ["CANAL_PASSWORD", "CANAL_USER", "REPL_PASSWORD", "REPL_USER", "MariaDBServer"]
 
@@ -198,6 +199,8 @@ class MariaDBServer:
 
     def admin(self) -> pymysql.connections.Connection[Any]:
         """A root connection over the unix socket (root has no TCP account)."""
+        import pymysql  # the server extra's; the sandbox runs nodes, which need it anyway
+
         return pymysql.connect(
             unix_socket=str(self.socket),
             user="root",

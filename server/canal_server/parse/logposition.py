@@ -25,8 +25,8 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+from canal_protocol.positions import LogPosition, min_position
 from canal_server.meta import MetaManager
-from canal_server.positions import LogPosition, min_position
 
 __all__ = [
     "FailbackLogPositionManager",

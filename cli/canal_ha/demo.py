@@ -23,11 +23,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from canal_cluster.console import say
-from canal_cluster.sandbox import Sandbox
-from canal_server.entry import Entry
-from canal_server.positions import EntryPosition
-from canal_server.reader import BinlogReader, ReaderConfig
+from canal_ha.console import say
+from canal_ha.sandbox import Sandbox
+from canal_protocol.entry import Entry
+from canal_protocol.positions import EntryPosition
+from canal_server.parse.reader import BinlogReader, ReaderConfig
 
 __all__ = ["DemoRun"]
 
@@ -61,7 +61,7 @@ class ConsumerTail:
     """A `canal-ha consume --format json` process; counts rows, forwards its leader log."""
 
     def __init__(self, box: Sandbox, read: Counter) -> None:
-        argv = [sys.executable, "-m", "canal_cluster.cli", "consume",
+        argv = [sys.executable, "-m", "canal_ha.cli", "consume",
                 "--etcd", ",".join(box.etcd_endpoints), "--destination", "example",
                 "--client-id", CONSUMER_CLIENT_ID, "--filter", "demo\\..*",
                 "--format", "json"]  # fmt: skip

@@ -25,13 +25,13 @@ from types import FrameType
 from typing import Any, TextIO
 
 from canal_client.connector import ClusterConnector, Connector, SimpleConnector
-from canal_client.model import Batch, Column, Entry, EntryType
 from canal_client.status import format_table, status_from_etcd, status_from_server
 from canal_client.wire import HttpChannel
-from canal_cluster.cli import positive_int
-from canal_cluster.errors import ConfigError
 from canal_cluster.keys import DEFAULT_PREFIX, Keys
 from canal_cluster.running import ElectionConfig
+from canal_ha.args import positive_int
+from canal_protocol import Batch, Column, Entry, EntryType
+from canal_protocol.errors import ConfigError
 
 __all__ = ["consume", "format_entry", "register", "status"]
 

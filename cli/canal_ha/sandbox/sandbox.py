@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from canal_cluster.errors import SandboxError, SandboxStateError
-from canal_cluster.sandbox.etcd import EtcdCluster, EtcdMember
-from canal_cluster.sandbox.mariadb import MariaDBServer
-from canal_cluster.sandbox.ports import free_port
-from canal_cluster.sandbox.process import ManagedProcess, ProcessRecord
+from canal_ha.sandbox.etcd import EtcdCluster, EtcdMember
+from canal_ha.sandbox.mariadb import MariaDBServer
+from canal_ha.sandbox.ports import free_port
+from canal_ha.sandbox.process import ManagedProcess, ProcessRecord
+from canal_protocol.errors import SandboxError, SandboxStateError
 
 __all__ = ["STATE_FILE", "Sandbox"]
 

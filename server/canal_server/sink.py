@@ -1,0 +1,52 @@
+"""Canal's sink role: the reader's put path, instance filter → store → position record."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from canal_protocol.entry import Entry, EntryType
+from canal_protocol.positions import LogIdentity, LogPosition
+from canal_server.filter import EventFilter
+from canal_server.parse.logposition import LogPositionManager
+from canal_server.store import EventStore
+
+__all__ = ["EventSink"]
+
+
+class EventSink:
+    """The reader's put path: filter a transaction, store it, record the position.
+
+    ``sink(entries, identity)`` takes one transaction or a chunk of one, in binlog
+    order. The position is persisted only when the chunk leaves the reader outside a
+    transaction (after a TRANSACTIONEND, or after entries without boundaries, such as
+    a DDL), and it is the position of the last *raw* entry, so filtered transactions
+    are not read again after a restart. Blocks while the store is full.
+    """
+
+    def __init__(
+        self,
+        destination: str,
+        event_filter: EventFilter,
+        store: EventStore,
+        positions: LogPositionManager,
+    ) -> None:
+        self.destination = destination
+        self.filter = event_filter
+        self.store = store
+        self.positions = positions
+        self._in_transaction = False
+
+    def sink(self, entries: Sequence[Entry], identity: LogIdentity) -> None:
+        if not entries:
+            return
+        kept = self.filter.filter_transaction(entries)
+        if kept:
+            self.store.put(kept, identity)
+        for e in entries:
+            if e.type is EntryType.TRANSACTIONBEGIN:
+                self._in_transaction = True
+            elif e.type is EntryType.TRANSACTIONEND:
+                self._in_transaction = False
+        if not self._in_transaction:
+            position = LogPosition(identity, entries[-1].position())
+            self.positions.persist(self.destination, position)
