@@ -1,6 +1,6 @@
 """A fake canal-ha cluster behind ``httpx.MockTransport`` for the client's unit tests.
 
-``FakeCluster`` plays API.md for several node URLs: the leader serves the destination
+``FakeCluster`` plays docs/api.md for several node URLs: the leader serves the destination
 routes (a small in-memory embedded server: entries, batches, cursor, rollback), the
 others answer 307 to it, 503 + Retry-After while no leader is set; URLs in ``down``
 refuse connections. Every call is recorded in ``calls``. Replies carry

@@ -12,11 +12,11 @@ import pytest
 from client_fixtures import FakeCluster, entry_wire
 from memory_coordinator import MemoryCoordinator
 
-from canal_ha import consume as consume_cli
 from canal_client.connector import Connector, SimpleConnector
 from canal_client.status import format_table, status_from_etcd
 from canal_cluster.keys import Keys
 from canal_cluster.retry import RetryPolicy
+from canal_ha import consume as consume_cli
 from canal_ha.cli import build_parser
 from canal_protocol import Entry
 

@@ -1,4 +1,4 @@
-"""The etcd key layout of DESIGN.md and id validation."""
+"""The etcd key layout of docs/architecture.md and id validation."""
 
 from __future__ import annotations
 

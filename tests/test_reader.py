@@ -21,14 +21,8 @@ from canal_cluster.retry import RetryPolicy, wait_until
 from canal_ha.sandbox import Sandbox
 from canal_protocol.entry import Entry, EntryType, EventType
 from canal_protocol.positions import EntryPosition
-from canal_server.parse.reader import (
-    BinlogReader,
-    DetectingConfig,
-    ReaderConfig,
-    RunResult,
-    TransactionAssembler,
-    classify_ddl,
-)
+from canal_server.parse.reader import BinlogReader, DetectingConfig, ReaderConfig, RunResult
+from canal_server.parse.transaction import TransactionAssembler, classify_ddl
 
 FAST_RETRY = RetryPolicy(initial_s=0.05, multiplier=2.0, max_delay_s=0.5)
 

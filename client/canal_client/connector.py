@@ -1,7 +1,7 @@
 """The connectors: ``Connector`` (the logic), ``SimpleConnector`` and ``ClusterConnector``.
 
 A connector talks to the leader of one destination for one client id over the REST
-API of API.md. The leader comes from a ``LeaderResolver`` (a URL list following 307,
+API of docs/api.md. The leader comes from a ``LeaderResolver`` (a URL list following 307,
 or etcd's running key followed by watch). Everything is done within a *session*: a
 leader URL and its epoch, opened the way Canal's ``processActiveEnter`` does it:
 subscribe again with the last filter, then roll back (``rollback_on_connect``), so

@@ -5,7 +5,7 @@ holder consumes; the others wait in ``wait_active``. ``generation`` grows on eve
 loss of the role, so the connector drops its session (the batches it had out are
 rolled back by whoever is active next, which rolls back on connect). When the active
 process dies, its key expires with its lease and a waiting one takes over after the
-switch delay (seed 002).
+switch delay (Canal's ClientRunningMonitor).
 """
 
 from __future__ import annotations

@@ -170,7 +170,7 @@ def _primary_key(columns: Any) -> str | None:
 
 
 def entry_rows(entry: Any) -> list[Row]:
-    """The Spark rows of one entry (model object or API.md wire dict), in ``FIELDS`` order."""
+    """The Spark rows of one entry (model object or docs/api.md wire dict), in ``FIELDS`` order."""
     if _text(_get(entry, "type")) != "ROWDATA":
         return []
     h = _get(entry, "header")

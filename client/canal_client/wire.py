@@ -1,6 +1,6 @@
 """HTTP exchanges with one server node: body codec, status → exception, redirects, epoch.
 
-``HttpChannel.request`` sends one call of API.md to a node's base URL and returns a
+``HttpChannel.request`` sends one call of docs/api.md to a node's base URL and returns a
 ``Reply`` (decoded body, the node's ``X-Canal-Epoch``, the base URL that answered).
 msgpack is the default body format (``Accept``/``Content-Type: application/msgpack``);
 ``"json"`` is the alternative. With ``follow_redirects`` a 307 is followed to the
@@ -137,7 +137,7 @@ def _retry_after(headers: httpx.Headers) -> float | None:
 
 
 def error_for(response: httpx.Response) -> CanalError:
-    """The exception for an error status (API.md: ``{"error": code, "message": …}``)."""
+    """The exception for an error status (docs/api.md: ``{"error": code, "message": …}``)."""
     try:
         body, _ = _decode(response)
     except UnexpectedResponse:
@@ -167,7 +167,7 @@ def error_for(response: httpx.Response) -> CanalError:
 
 
 class HttpChannel:
-    """Calls of API.md against node base URLs through one pooled ``httpx.Client``."""
+    """Calls of docs/api.md against node base URLs through one pooled ``httpx.Client``."""
 
     def __init__(
         self,

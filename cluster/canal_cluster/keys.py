@@ -1,4 +1,4 @@
-"""The etcd key layout of DESIGN.md, under a configurable prefix (default ``/canal``).
+"""The etcd key layout of docs/architecture.md, under a configurable prefix (default ``/canal``).
 
 ::
 

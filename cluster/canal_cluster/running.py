@@ -1,4 +1,4 @@
-"""RunningMonitor: lease-based election of one holder per running key (seed 002).
+"""RunningMonitor: lease-based election of one holder per running key.
 
 The same class serves as ServerRunningMonitor (``/…/{d}/running``: the leader of a
 destination) and ClientRunningMonitor (``/…/{d}/{client}/running``: the active

@@ -1,9 +1,9 @@
 """The embedded server of one destination (Canal's CanalServerWithEmbedded).
 
-Every REST route of API.md maps to one call here; ``UnknownDestination`` is the
+Every REST route of docs/api.md maps to one call here; ``UnknownDestination`` is the
 caller's business (it picks the EmbeddedServer by destination).
 
-Semantics (seeds 002/003, DESIGN.md "Batches, cursors and delivery guarantee"):
+Semantics (Canal's server and client roles; docs/architecture.md, "Guarantees"):
 
 * ``subscribe(client, filter)``: idempotent; a new filter replaces the old one. A
   client starts after its cursor, or at the first stored entry if it never acked.

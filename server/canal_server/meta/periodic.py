@@ -1,8 +1,9 @@
 """PeriodicMetaManager (Canal's PeriodMixedMetaManager): memory first, etcd every period.
 
 Reads and writes are the ``MemoryMetaManager``'s (this class extends it); a thread
-writes what changed to etcd every ``flush_period_ms`` in **fenced** transactions (applied only while the running
-key's create revision is our epoch). Keys (docs/architecture.md):
+writes what changed to etcd every ``flush_period_ms`` in **fenced** transactions
+(applied only while the running key's create revision is our epoch).
+Keys (docs/architecture.md):
 
     {p}/destinations/{d}/{client}/subscription      {"filter", "subscribed", "last_batch_id"}
     {p}/destinations/{d}/{client}/cursor            LogPosition.to_dict()

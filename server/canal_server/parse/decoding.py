@@ -1,6 +1,6 @@
-"""Row values of mysql-replication rows events → API.md's lossless Column objects.
+"""Row values of mysql-replication rows events → the API's lossless Column objects.
 
-Value forms (API.md): integers as int (unsigned by the FULL-metadata signedness),
+Value forms (docs/api.md): integers as int (unsigned by the FULL-metadata signedness),
 DECIMAL as a string with the column's scale, FLOAT as the shortest decimal that
 round-trips the stored float32, DOUBLE as float, DATE ``YYYY-MM-DD``, TIME
 ``[-]HH:MM:SS[.f]`` (hours up to 838), DATETIME ``YYYY-MM-DDTHH:MM:SS[.f]``,

@@ -1,7 +1,7 @@
 """Where a (new) leader starts reading the binlog: Canal's findStartPosition.
 
-``PositionFinder.find(link)`` walks the branches of seeds 000/001 (DESIGN.md,
-"Positions and where a new leader starts"):
+``PositionFinder.find(link)`` walks the branches of Canal's findStartPosition
+(docs/architecture.md, "Position finding"):
 
 1. GTID mode: the latest position of the LogPositionManager if it has a GTID set;
    with no history at all, the configured master GTID; else on to 2.

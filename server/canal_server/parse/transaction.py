@@ -1,0 +1,247 @@
+"""Events of one binlog dump → Entries, handed to the sink per transaction.
+
+Entries (Canal style): a transaction is TRANSACTIONBEGIN (its MariadbGtidEvent), one
+ROWDATA per rows event (INSERT/UPDATE/DELETE), TRANSACTIONEND (its XidEvent, or a
+``COMMIT`` query of a non-transactional engine). A standalone GTID event (flag 1,
+DDL and other statements) gives one ROWDATA entry with ``is_ddl=True`` and no
+BEGIN/END, as Canal does; like a TRANSACTIONEND, its ``position()`` is a transaction
+boundary. ``gtid_state`` of every entry is the GTID state including its transaction.
+
+Transaction splitting: entries are buffered per transaction and handed to ``sink``
+when the transaction ends, or, for a transaction of more than ``transaction_size``
+entries, in pieces of ``transaction_size`` entries as they fill (BEGIN in the first
+piece, END in the last), so neither the reader nor the consumer holds an unbounded
+transaction. Only TRANSACTIONEND / DDL positions are resume points.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pymysqlreplication.event import (
+    HeartbeatLogEvent,
+    MariadbGtidEvent,
+    QueryEvent,
+    RotateEvent,
+    XidEvent,
+)
+from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+from canal_protocol.entry import Entry, EntryType, EventType, Header
+from canal_protocol.positions import EntryPosition
+from canal_server.parse import binlog_stream
+from canal_server.parse.rows import RowsDecoder
+
+__all__ = [
+    "Sink",
+    "TransactionAssembler",
+    "classify_ddl",
+    "format_gtid_state",
+    "gtid_state_at",
+    "parse_gtid_state",
+]
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[Sequence[Entry]], None]
+_ROW_KINDS = {WriteRowsEvent: "INSERT", UpdateRowsEvent: "UPDATE", DeleteRowsEvent: "DELETE"}
+_GTID_STANDALONE = 0x01
+
+
+# -- DDL -------------------------------------------------------------------------------
+
+_NAME = r"(?:`(?P<q{n}>[^`]+)`|(?P<u{n}>[\w$]+))"
+_QUALIFIED = rf"{_NAME.format(n=1)}(?:\s*\.\s*{_NAME.format(n=2)})?"
+_DDL_PATTERNS = [
+    (EventType.CREATE, rf"^create\s+(?:or\s+replace\s+)?(?:temporary\s+)?table\s+"
+     rf"(?:if\s+not\s+exists\s+)?{_QUALIFIED}"),
+    (EventType.ALTER, rf"^alter\s+(?:online\s+|ignore\s+)*table\s+{_QUALIFIED}"),
+    (EventType.ERASE, rf"^drop\s+(?:temporary\s+)?table\s+(?:if\s+exists\s+)?{_QUALIFIED}"),
+    (EventType.TRUNCATE, rf"^truncate\s+(?:table\s+)?{_QUALIFIED}"),
+    (EventType.RENAME, rf"^rename\s+tables?\s+{_QUALIFIED}"),
+    (EventType.CINDEX, rf"^create\s+(?:or\s+replace\s+)?(?:unique\s+|fulltext\s+|spatial\s+)?"
+     rf"index\s+(?:if\s+not\s+exists\s+)?\S+\s+on\s+{_QUALIFIED}"),
+    (EventType.DINDEX, rf"^drop\s+index\s+(?:if\s+exists\s+)?\S+\s+on\s+{_QUALIFIED}"),
+]  # fmt: skip
+_DDL_RES = [(kind, re.compile(p, re.IGNORECASE | re.DOTALL)) for kind, p in _DDL_PATTERNS]
+_COMMENTS = re.compile(r"/\*.*?\*/|^\s*(?:--|#)[^\n]*\n", re.DOTALL)
+
+
+def classify_ddl(sql: str, default_schema: str) -> tuple[EventType, str, str]:
+    """(event type, schema, table) of a DDL statement; QUERY when not a table DDL."""
+    text = _COMMENTS.sub(" ", sql).strip()
+    for kind, pattern in _DDL_RES:
+        m = pattern.match(text)
+        if m:
+            first = m.group("q1") or m.group("u1")
+            second = m.group("q2") or m.group("u2")
+            if second:
+                return kind, first, second
+            return kind, default_schema, first
+    return EventType.QUERY, default_schema, ""
+
+
+# -- GTID state --------------------------------------------------------------------------
+
+
+def parse_gtid_state(state: str) -> dict[int, str]:
+    """``"0-1-42,1-2-7"`` → {domain: gtid}."""
+    out: dict[int, str] = {}
+    for part in (p.strip() for p in state.split(",")):
+        if part:
+            out[int(part.split("-", 1)[0])] = part
+    return out
+
+
+def format_gtid_state(state: Mapping[int, str]) -> str:
+    return ",".join(state[d] for d in sorted(state))
+
+
+def gtid_state_at(dsn: Mapping[str, Any], journal: str, offset: int) -> str:
+    """The server's GTID state at a binlog position (``BINLOG_GTID_POS``)."""
+    with binlog_stream.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (journal, offset))
+        row = cur.fetchone()
+    return str(row[0] or "") if row else ""
+
+
+# -- events → entries --------------------------------------------------------------------
+
+
+class TransactionAssembler:
+    """Turns one dump's events into Entries and hands them to ``sink`` in pieces.
+
+    ``committed`` is the position after the last completed transaction (a resume
+    point). ``skip`` = (gtid, n): drop the first n entries of that transaction (they
+    were delivered before a reconnect).
+    """
+
+    def __init__(
+        self,
+        sink: Sink,
+        start: EntryPosition,
+        gtid_state: str,
+        transaction_size: int,
+        skip: tuple[str, int] = ("", 0),
+    ) -> None:
+        self._sink = sink
+        self._size = transaction_size
+        self.journal = start.journal
+        self.committed = start
+        self._state = parse_gtid_state(gtid_state)
+        self._buffer: list[Entry] = []
+        self._gtid = ""
+        self._in_tx = False
+        self.delivered_upto = 0  # entries of the open transaction the sink has (or had)
+        self._index = 0  # entries produced in the open transaction
+        self._standalone = False
+        self._skip = skip
+        self._decoder = RowsDecoder()
+
+    @property
+    def resume_skip(self) -> tuple[str, int]:
+        """What to skip after resuming from ``committed``: the open transaction's
+        delivered entries, or the skip not yet reached."""
+        if self._in_tx and self.delivered_upto:
+            return (self._gtid, self.delivered_upto)
+        return self._skip
+
+    def on_event(self, ev: Any) -> None:
+        span = binlog_stream.event_span(ev)
+        if isinstance(ev, RotateEvent):
+            self.journal = str(ev.next_binlog)
+        elif span.artificial or isinstance(ev, HeartbeatLogEvent):
+            return
+        elif isinstance(ev, MariadbGtidEvent):
+            self._begin(ev, span)
+        elif isinstance(ev, XidEvent):
+            self._end(span)
+        elif isinstance(ev, QueryEvent):
+            self._query(ev, span)
+        elif type(ev) in _ROW_KINDS:
+            self._rows(ev, span)
+
+    # -- pieces
+
+    def _header(self, span: Any, **kw: Any) -> Header:
+        return Header(
+            logfile=self.journal,
+            offset=span.start,
+            end_offset=span.end,
+            server_id=span.server_id,
+            timestamp_ms=span.timestamp * 1000,
+            gtid=self._gtid,
+            **kw,
+        )
+
+    def _emit(self, entry: Entry) -> None:
+        self._index += 1
+        gtid, skip_n = self._skip
+        if gtid and gtid == self._gtid and self._index <= skip_n:
+            self.delivered_upto = self._index
+            return  # delivered before the reconnect
+        self._buffer.append(entry)
+        if len(self._buffer) >= self._size:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._buffer:
+            pieces, self._buffer = self._buffer, []
+            self._sink(pieces)
+            self.delivered_upto = self._index
+
+    def _begin(self, ev: Any, span: Any) -> None:
+        if self._in_tx:
+            log.warning("transaction %s has no commit; %s begins", self._gtid, ev.gtid)
+        self._gtid = str(ev.gtid)
+        self._state[int(ev.domain_id)] = self._gtid
+        self._in_tx = True
+        self._index = 0
+        self.delivered_upto = 0
+        self._standalone = bool(ev.flags & _GTID_STANDALONE)
+        if not self._standalone:
+            header = self._header(span, event_type=EventType.GTID)
+            self._emit(self._entry(EntryType.TRANSACTIONBEGIN, header))
+
+    def _end(self, span: Any) -> None:
+        if not self._in_tx:
+            return
+        header = self._header(span, event_type=EventType.QUERY)
+        end = self._entry(EntryType.TRANSACTIONEND, header)
+        self._emit(end)
+        self._complete(end)
+
+    def _complete(self, last: Entry) -> None:
+        self._flush()
+        self.committed = last.position()
+        self._in_tx = False
+        self.delivered_upto = 0
+        self._skip = ("", 0)
+
+    def _query(self, ev: Any, span: Any) -> None:
+        sql = ev.query if isinstance(ev.query, str) else bytes(ev.query).decode("utf-8", "replace")
+        word = sql.strip().upper()
+        if word == "BEGIN" or not self._in_tx:
+            return
+        if word == "COMMIT":
+            self._end(span)
+            return
+        schema = ev.schema.decode("utf-8") if isinstance(ev.schema, bytes) else str(ev.schema)
+        kind, schema, table = classify_ddl(sql, schema)
+        header = self._header(span, schema=schema, table=table, event_type=kind)
+        entry = self._entry(EntryType.ROWDATA, header, is_ddl=True, sql=sql)
+        self._emit(entry)
+        if self._standalone:
+            self._complete(entry)
+
+    def _rows(self, ev: Any, span: Any) -> None:
+        kind = _ROW_KINDS[type(ev)]
+        header = self._header(span, schema=ev.schema, table=ev.table, event_type=EventType(kind))
+        entry = self._entry(EntryType.ROWDATA, header, images=self._decoder.decode(ev, kind))
+        self._emit(entry)
+
+    def _entry(self, kind: EntryType, header: Header, **kw: Any) -> Entry:
+        return Entry(kind, header, gtid_state=format_gtid_state(self._state), **kw)
