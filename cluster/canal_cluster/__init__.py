@@ -1,1 +1,3 @@
-"""canal-ha coordination: etcd, election, sandbox and the command line."""
+"""canal-ha coordination: the abstract ``Coordinator`` and its etcd implementation, the
+etcd key layout, the running monitors (elections, epochs, fencing) and ``RetryPolicy``.
+Imports only ``canal_protocol`` of ours (docs/architecture.md, "Package map")."""

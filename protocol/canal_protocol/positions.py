@@ -56,10 +56,6 @@ class EntryPosition:
             raise ValueError(f"timestamp_ms must be >= 0, not {self.timestamp_ms}")
         object.__setattr__(self, "sort_key", (journal_seq(self.journal), self.offset))
 
-    @property
-    def has_file(self) -> bool:
-        return bool(self.journal)
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "journal": self.journal,

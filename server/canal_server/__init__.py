@@ -1,1 +1,3 @@
-"""canal-ha server: binlog reading, store, batches, REST API and the node."""
+"""canal-ha server: ``parse`` (binlog → entries, position finding), ``sink``, ``store``,
+``meta``, ``embedded`` (batches), ``instance``/``node`` and the REST API
+(docs/architecture.md, "Package map")."""

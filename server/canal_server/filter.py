@@ -46,8 +46,6 @@ from canal_protocol.errors import InvalidArgument
 
 __all__ = ["EventFilter", "NameFilter", "Narrower"]
 
-EVERYTHING = ".*\\..*"
-
 
 class NameFilter:
     """A comma-separated list of whole-name, case-insensitive regexes.

@@ -140,10 +140,6 @@ class EventStore:
         self._closed = False
 
     # ---- state -------------------------------------------------------------
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def stats(self) -> tuple[int, int]:
         """(stored events, stored estimated bytes)."""
         with self._lock:

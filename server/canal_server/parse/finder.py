@@ -145,10 +145,6 @@ class FoundPosition:
     def reason(self) -> FindReason:
         return self.reasons[0]
 
-    @property
-    def log_position(self) -> LogPosition:
-        return LogPosition(self.identity, self.position)
-
 
 def _same_address(a: str, b: str) -> bool:
     return bool(a) and a.strip().lower() == b.strip().lower()
