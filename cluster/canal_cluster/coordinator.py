@@ -2,7 +2,7 @@
 
 The election and meta code talks only to this interface (the way Patroni's AbstractDCS
 keeps HA logic apart from the store); ``EtcdCoordinator`` implements it on etcd and
-``MemoryCoordinator`` in memory for unit tests. Semantics both follow:
+the tests' ``MemoryCoordinator`` (tests/memory_coordinator.py) in memory. Semantics both follow:
 
 - every key carries etcd's ``create_revision`` / ``mod_revision``; revisions grow by
   one per write transaction; a key's create revision is the **epoch** of whoever
