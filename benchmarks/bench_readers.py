@@ -8,11 +8,13 @@ rows than the dataset holds is an error, not a number.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_common import REPO, Context, Unavailable, median_runs
@@ -20,7 +22,9 @@ from canal_protocol.entry import Entry
 from canal_protocol.positions import EntryPosition
 from canal_server.parse.reader import BinlogReader, ReaderConfig
 
-__all__ = ["binlog_reader", "mariadb_binlog", "mysql_replication", "zongji"]
+__all__ = ["binlog_reader", "install_zongji", "mariadb_binlog", "mysql_replication", "zongji"]
+
+log = logging.getLogger("bench")
 
 ROW_MARKERS = (b"### INSERT INTO ", b"### UPDATE ", b"### DELETE FROM ")
 ZONGJI_DIR = REPO / "benchmarks" / "zongji"
@@ -82,19 +86,32 @@ def mariadb_binlog(ctx: Context) -> dict[str, Any]:
 # -- npm zongji ----------------------------------------------------------------------------
 
 
-def _npm_install() -> str:
-    """Install @vlasky/zongji into benchmarks/zongji/node_modules; its version."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        raise Unavailable(f"node ({node or 'missing'}) / npm ({npm or 'missing'}) not found")
-    pkg = ZONGJI_DIR / "node_modules" / "@vlasky" / "zongji" / "package.json"
+def install_zongji(directory: Path = ZONGJI_DIR) -> str:
+    """@vlasky/zongji in ``directory``/node_modules, installed by ``npm ci`` (the exact
+    versions of package-lock.json) when it is not there yet; its version.
+
+    ``Unavailable`` (the part is skipped with the reason) when npm is missing or fails.
+    """
+    pkg = directory / "node_modules" / "@vlasky" / "zongji" / "package.json"
     if not pkg.exists():
+        npm = shutil.which("npm")
+        if npm is None:
+            raise Unavailable(
+                f"npm not found: install Node.js and npm to run this part; it installs "
+                f"@vlasky/zongji into {directory / 'node_modules'} with npm ci"
+            )
+        log.info(
+            "zongji: %s is missing; installing @vlasky/zongji with npm ci (package-lock.json)",
+            directory / "node_modules",
+        )
         done = subprocess.run(
-            [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=ZONGJI_DIR, capture_output=True, text=True, timeout=600, check=False,
+            [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=directory, capture_output=True, text=True, timeout=600, check=False,
         )  # fmt: skip
         if done.returncode != 0 or not pkg.exists():
-            raise Unavailable(f"npm install failed ({done.returncode}): {done.stderr[-400:]}")
+            raise Unavailable(
+                f"npm ci in {directory} failed (exit {done.returncode}): {done.stderr[-400:]}"
+            )
     return str(json.loads(pkg.read_text())["version"])
 
 
@@ -118,9 +135,10 @@ def _zongji_once(ctx: Context, node: str, server_id: int) -> dict[str, Any]:
 
 
 def zongji(ctx: Context) -> dict[str, Any]:
-    version = _npm_install()
     node = shutil.which("node")
-    assert node is not None
+    if node is None:
+        raise Unavailable("node not found: install Node.js and npm to run this part")
+    version = install_zongji()
     runs = [_zongji_once(ctx, node, 7700 + i) for i in range(ctx.repeat)]
     return {**median_runs(runs), "package": f"@vlasky/zongji@{version}"}
 

@@ -10,6 +10,9 @@ Starts a private sandbox (MariaDB + etcd in a temp dir), writes ``--rows`` row c
 ``benchmarks/results/latest.json``). The sandbox is stopped at the end by pid. A part
 that fails records its error; the run goes on. Numbers on a loaded machine are not
 final: run it when the machine is quiet. SIGTERM/Ctrl-C stop the sandbox too.
+The ``zongji`` part needs Node.js and npm: on first use it installs @vlasky/zongji into
+``benchmarks/zongji/node_modules`` with ``npm ci`` (package-lock.json; not committed);
+without npm it is reported ``unavailable`` with the reason.
 
 The JSON document::
 

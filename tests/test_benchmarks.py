@@ -7,6 +7,8 @@ harness runs, counts every row and writes the documented JSON.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +29,7 @@ from benchmarks.bench_common import (  # noqa: E402
     percentile,
     run_part,
 )
+from benchmarks.bench_readers import ZONGJI_DIR, install_zongji  # noqa: E402
 from benchmarks.bench_report import ratios, render_table  # noqa: E402
 
 SMOKE_PARTS = ("mariadb_binlog", "mysql_replication", "binlog_reader")
@@ -141,3 +144,64 @@ def test_median_and_percentile() -> None:
     values = [float(v) for v in range(1, 101)]
     assert percentile(values, 50) == 50.0 and percentile(values, 99) == 99.0
     assert percentile([7.0], 99) == 7.0
+
+
+# -- the zongji peer: installed by the harness, not committed --------------------------------
+
+
+def _zongji_copy(tmp_path: Path) -> Path:
+    """benchmarks/zongji without node_modules (as a fresh clone has it)."""
+    work = tmp_path / "zongji"
+    work.mkdir()
+    for name in ("package.json", "package-lock.json", "read.mjs"):
+        shutil.copy(ZONGJI_DIR / name, work / name)
+    return work
+
+
+def test_zongji_node_modules_are_not_committed() -> None:
+    tracked = subprocess.run(
+        ["git", "ls-files", "benchmarks/zongji"], cwd=REPO, capture_output=True, text=True
+    )
+    assert tracked.returncode == 0, tracked.stderr
+    files = tracked.stdout.split()
+    assert "benchmarks/zongji/package-lock.json" in files
+    assert not [f for f in files if "/node_modules/" in f]
+
+
+def test_zongji_is_installed_with_npm_ci_from_the_lock_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recording npm on PATH (a fast unit test: no registry is asked)."""
+    work = _zongji_copy(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "npm-calls"
+    npm = bin_dir / "npm"
+    npm.write_text(
+        "#!/bin/sh\n"
+        f'echo "$PWD $*" >> {calls}\n'
+        "mkdir -p node_modules/@vlasky/zongji\n"
+        """echo '{"version": "0.9.9"}' > node_modules/@vlasky/zongji/package.json\n"""
+    )
+    npm.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    assert install_zongji(work) == "0.9.9"
+    cwd, command, *_ = calls.read_text().split()
+    assert (cwd, command) == (str(work), "ci"), "npm ci: the versions of package-lock.json"
+    assert install_zongji(work) == "0.9.9"
+    assert len(calls.read_text().splitlines()) == 1, "installed once, then reused"
+
+
+def test_zongji_without_npm_is_unavailable_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = _zongji_copy(tmp_path)
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    with pytest.raises(Unavailable) as info:
+        install_zongji(work)
+    reason = str(info.value)
+    assert "npm" in reason and "node_modules" in reason and "npm ci" in reason
+    assert not (work / "node_modules").exists()
