@@ -2,7 +2,7 @@
 
 ``FakeServer`` follows the server's batch semantics for one client (embedded.py):
 get_without_ack after the last outstanding batch or the cursor, cumulative ack, rollback,
-get_batch of an outstanding batch. ``FakeConnector`` follows the connector contract
+get_batch of an outstanding batch, move_cursor. ``FakeConnector`` follows the connector contract
 (rollback on connect, ``epoch``). ``file_connector`` builds one from a JSON file (entries)
 plus a state file (cursor, next id), so a real SparkSession can read through it in its
 own Python processes and a restarted query finds the cursor the server kept.
@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from canal_client.spark import CanalOptions
+from canal_client.spark_rows import EntryKey, entry_key
 from canal_protocol import Batch, Entry
 from canal_protocol.errors import UnknownBatch
 
@@ -94,6 +95,7 @@ class FakeServer:
     outstanding: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> [lo, hi)
     epoch: int = 1
     acks: list[int] = field(default_factory=list)
+    moves: list[int] = field(default_factory=list)  # the cursor after each move_cursor
 
     def take(self, size: int) -> Batch:
         lo = max((hi for _, hi in self.outstanding.values()), default=self.cursor)
@@ -122,6 +124,16 @@ class FakeServer:
 
     def rollback(self) -> None:
         self.outstanding.clear()
+
+    def move_cursor(self, logfile: str, offset: int) -> int:
+        """POST .../cursor: drop outstanding batches, cursor forward past the entries
+        starting at or before logfile:offset; the new cursor."""
+        self.outstanding.clear()
+        through = EntryKey.of(logfile, offset)
+        done = sum(1 for e in self.entries if entry_key(e) <= through)
+        self.cursor = max(self.cursor, done)
+        self.moves.append(self.cursor)
+        return self.cursor
 
     def failover(self, cursor_back_to: int | None = None, reuse_ids: bool = False) -> None:
         """A new leader: outstanding batches gone, maybe older cursor (unflushed acks)."""
@@ -177,6 +189,10 @@ class FakeConnector:
         self.calls.append("rollback")
         self.server.rollback()
 
+    def move_cursor(self, logfile: str, offset: int) -> dict[str, Any] | None:
+        self.calls.append(f"move_cursor {logfile}:{offset}")
+        return {"index": self.server.move_cursor(logfile, offset)}
+
 
 # -- a fake reachable from Spark's Python processes -----------------------------------------
 
@@ -202,6 +218,12 @@ class FileConnector(FakeConnector):
     def ack(self, batch_id: int) -> None:
         super().ack(batch_id)
         self._save()
+
+    def move_cursor(self, logfile: str, offset: int) -> dict[str, Any] | None:
+        self._load()
+        moved = super().move_cursor(logfile, offset)
+        self._save()
+        return moved
 
     def _save(self) -> None:
         state = {"cursor": self.server.cursor, "next_id": self.server.next_id}

@@ -122,11 +122,12 @@ def test_without_binlog_end_the_run_ends_at_the_first_empty_poll(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     backlog = make_entries(40, 2)
-    eng = TargetEngine(LaggingServer(backlog=backlog, capacity=10, step=3), options(), False)
+    server = LaggingServer(backlog=backlog, capacity=10, step=3, stuck_at=30)
+    eng = TargetEngine(server, options(), False)
     with caplog.at_level(logging.WARNING, "canal_client.spark"):
-        eng.drain()
+        eng.drain()  # no availableNowStallS wait: the first empty poll ends it
     assert "reports no binlog_end" in caplog.text
-    assert 0 < len(eng.rows()) < len(expected(backlog))  # the old behaviour: ends early
+    assert eng.rows() == expected(backlog[:30])  # the old behaviour: ends early
 
 
 def test_entries_written_after_the_start_wait_for_the_next_run() -> None:
@@ -261,6 +262,81 @@ def test_spark_run_gets_the_whole_backlog_of_a_lagging_leader(
     keys = [r["primary_key"] for r in rows if not r["is_ddl"]]
     assert len(keys) == ROWS  # every row written before the run, each once
     assert set(keys) == {f'{{"id":"{i}"}}' for i in range(1, ROWS + 1)}
+    assert sorted(r["sql"].split(" (")[0] for r in rows if r["is_ddl"]) == [
+        f"CREATE DATABASE {db}",
+        f"CREATE TABLE {db}.items",
+    ]
+
+
+def metric(url: str, name: str, client: str) -> float | None:
+    """The value of ``name{destination=DEST, client=client}`` in the node's /metrics."""
+    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + "{") and f'client="{client}"' in line:
+            return float(line.split()[-1])
+    return None
+
+
+def cursor_at(url: str, client: str) -> tuple[str, int] | None:
+    r = httpx.get(f"{url}/v1/destinations/{DEST}/clients/{client}/cursor", timeout=10)
+    r.raise_for_status()
+    cursor = r.json()["cursor"]
+    return None if cursor is None else (cursor["position"]["journal"], cursor["position"]["offset"])
+
+
+def test_one_batch_runs_move_the_cursor_and_read_only_new_rows(
+    sandbox: Sandbox,
+    node_cluster: Any,  # noqa: F811
+    spark: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Issue 13 item 1: three availableNow runs of one micro-batch each on one checkpoint.
+    Spark never calls ``commit`` for the last micro-batch of a run; the cursor must still
+    move to the end of every run, nothing stay outstanding, and the store be freed."""
+    db, client = f"t_once_{uuid.uuid4().hex[:8]}", "spark-once"
+    journal, position = sandbox.primary.master_status()
+    master = {"address": f"127.0.0.1:{sandbox.primary.port}", "journal_name": journal,
+              "position": position}  # fmt: skip
+    nodes = node_cluster(1, destination={"filter": {"regex": f"{db}\\..*"}, "master": master})
+    leader = wait_leader(nodes)
+    sandbox.primary.execute(
+        f"CREATE DATABASE {db}", f"CREATE TABLE {db}.items (id INT PRIMARY KEY, val VARCHAR(32))"
+    )
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    first = 1
+    for run, count in enumerate((20, 15, 10)):
+        for lo in range(first, first + count, 5):  # transactions of 5 rows
+            values = ",".join(f"({i},'v{i}')" for i in range(lo, lo + 5))
+            sandbox.primary.execute(f"INSERT INTO {db}.items (id, val) VALUES {values}")
+        first += count
+        end = sandbox.primary.master_status()
+        query = (
+            spark.readStream.format("canal")
+            .option("etcd", ",".join(sandbox.etcd_endpoints))
+            .option("etcdPrefix", nodes[0].prefix)
+            .option("destination", DEST)
+            .option("clientId", client)
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(ckpt))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(240)
+        assert not query.isActive and query.exception() is None
+        commits = [p for p in (ckpt / "commits").iterdir() if p.name.isdigit()]
+        assert len(commits) == run + 1  # one micro-batch per run
+        read = sum(p["numInputRows"] for p in query.recentProgress)
+        assert read == count + (2 if run == 0 else 0)  # only the new rows (+ the DDL)
+        # Spark committed everything the run read: the cursor is at its end, nothing is
+        # outstanding and the leader's store could drop all of it
+        assert cursor_at(leader.url, client) == end, f"run {run}"
+        assert metric(leader.url, "canal_outstanding_batches", client) == 0, f"run {run}"
+        wait_until(lambda: store_entries(leader.url) == 0, "an empty store", 30)
+
+    rows = spark.read.parquet(str(out)).collect()
+    keys = [r["primary_key"] for r in rows if not r["is_ddl"]]
+    assert sorted(keys) == sorted(f'{{"id":"{i}"}}' for i in range(1, first))  # each once
     assert sorted(r["sql"].split(" (")[0] for r in rows if r["is_ddl"]) == [
         f"CREATE DATABASE {db}",
         f"CREATE TABLE {db}.items",

@@ -9,6 +9,7 @@ written, and a restarted driver first re-runs a planned but uncommitted batch.
 from __future__ import annotations
 
 import json
+import logging
 import random
 from typing import Any
 
@@ -18,7 +19,7 @@ from spark_fixtures import FakeConnector, FakeServer, make_entries
 
 from canal_client.spark import CanalOptions, CanalStreamReader, ConnectorLike
 from canal_client.spark_rows import Offset, Row, entry_rows
-from canal_protocol.errors import ReplayMismatch
+from canal_protocol.errors import ConfigError, ReplayMismatch, UnexpectedResponse
 
 OPTS = CanalOptions(
     destination="example",
@@ -99,8 +100,10 @@ def test_each_trigger_takes_batches_without_ack_and_commit_acks_them() -> None:
     assert Offset.from_dict(eng.offset(1)).batches == (2,)
     eng.drain()
     assert eng.rows() == expected(server.entries)
-    assert server.acks == [1, 2]  # the last micro-batch is committed on the next trigger
-    assert list(server.outstanding) == [3]
+    # the trigger that finds nothing more plans after the last micro-batch: Spark committed
+    # it, so it is acked although Spark never calls commit for it
+    assert server.acks == [1, 2, 3]
+    assert server.outstanding == {}
 
 
 def test_latest_offset_is_start_when_nothing_arrives() -> None:
@@ -216,3 +219,55 @@ def test_random_crashes_failovers_and_growth_keep_exactly_once(seed: int) -> Non
     server.entries = everything
     eng.drain()
     assert eng.rows() == expected(everything)
+
+
+def test_a_new_reader_moves_the_cursor_through_its_checkpointed_start() -> None:
+    """A driver that stopped after micro-batch 1 was committed but never acked (the end of
+    an availableNow run, or a crash before the next trigger): the next run's reader moves
+    the cursor through the checkpointed offset and reads only what follows."""
+    server = FakeServer(make_entries(6, 1))  # 18 entries, server batches of 4
+    eng = Engine(server)
+    eng.step()
+    eng.step()  # micro-batch 1 committed by the sink; ack 1 only
+    assert server.acks == [1] and server.cursor == 4
+    eng.restart()  # the next run: a new reader, the connect rolls back
+    assert eng.step()
+    assert server.moves == [8]  # through the last entry of micro-batch 1
+    calls = eng.connectors[-1].calls
+    assert calls.index("move_cursor mariadb-bin.000001:956") < calls.index("get_without_ack")
+    assert Offset.from_dict(eng.offset(2)).batches == (server.next_id - 1,)
+    eng.drain()
+    assert eng.rows() == expected(server.entries)
+    assert server.cursor == len(server.entries) and server.outstanding == {}
+
+
+class OldNodeConnector(FakeConnector):
+    """A node without POST .../cursor (it answers 405)."""
+
+    def move_cursor(self, logfile: str, offset: int) -> dict[str, Any] | None:
+        self.calls.append("move_cursor")
+        raise UnexpectedResponse("POST .../cursor: 405 Method Not Allowed")
+
+
+def test_without_the_cursor_route_the_entries_are_read_again_and_skipped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = FakeServer(make_entries(6, 1))
+    eng = Engine(server)
+    eng.step()
+    eng.step()
+    reader = CanalStreamReader(OPTS, lambda _: OldNodeConnector(server))
+    eng.reader = reader
+    with caplog.at_level(logging.WARNING, "canal_client.spark"):
+        eng.drain()
+    assert "cannot move the cursor" in caplog.text
+    assert eng.rows() == expected(server.entries)
+    assert server.cursor == len(server.entries)
+
+
+def test_options_name_the_bad_one() -> None:
+    good = {"server": "http://127.0.0.1:1", "destination": "d", "clientId": "c"}
+    assert CanalOptions.parse({**good, "batchSize": "65536"}).batch_size == 65536
+    for name, value in (("batchSize", "65537"), ("pollTimeoutMs", "x"), ("exclusive", "yes")):
+        with pytest.raises(ConfigError, match=name):
+            CanalOptions.parse({**good, name: value})

@@ -245,6 +245,25 @@ class Connector:
             return
         self._finish_batch("rollback", batch_id, f"/batches/{batch_id}/rollback")
 
+    def move_cursor(self, logfile: str, offset: int) -> dict[str, Any] | None:
+        """Commit through the entry starting at ``logfile``:``offset`` (``POST C/cursor``):
+        the leader drops every outstanding batch of the client and moves its cursor
+        forward to that entry, as far as its store reaches; the cursor after it (or None)."""
+        with self._lock:
+
+            def op(session: _Session) -> Any:
+                path = f"{self._base()}/cursor"
+                body = {"logfile": logfile, "offset": offset}
+                return self._request(session, "POST", path, body).body
+
+            try:
+                reply = self._call("move_cursor", op)
+            except _Inactive:
+                return None
+            self._batches.clear()
+        cursor = reply.get("cursor") if isinstance(reply, dict) else None
+        return cursor if isinstance(cursor, dict) else None
+
     def cursor(self) -> dict[str, Any] | None:
         """The last acked position (LogPosition as a dict) or None; opens no session."""
 

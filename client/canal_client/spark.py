@@ -8,12 +8,13 @@
           .option("destination", "example").option("clientId", "1001").load())
 
 Rows: see ``canal_client.spark_rows`` (one row per changed row; ``before``/``after`` as
-``map<string,string>``). Options: ``etcd`` (comma-separated endpoints) or ``server``
-(comma-separated node URLs), ``destination``, ``clientId``, ``batchSize`` (entries per
-server batch, 1000), ``filter`` (table regex), ``token``, ``etcdPrefix`` (``/canal``),
-``pollTimeoutMs`` (1000), ``maxBatchesPerTrigger`` (10), ``replayTimeoutS`` (120),
-``rowsPerPartition`` (10000), ``exclusive`` (false: one active consumer per client id),
-``availableNowStallS`` (120).
+``map<string,string>``). Options (README.md "Spark" explains each): ``etcd``
+(comma-separated endpoints) or ``server`` (comma-separated node URLs), ``destination``,
+``clientId``, ``batchSize`` (entries per server batch, 1000), ``filter`` (table regex),
+``token``, ``etcdPrefix`` (``/canal``), ``pollTimeoutMs`` (1000),
+``maxBatchesPerTrigger`` (10), ``replayTimeoutS`` (120), ``rowsPerPartition`` (10000),
+``exclusive`` (false: one active consumer per client id), ``availableNowStallS`` (120),
+``connectorFactory`` (tests: ``module:function`` building the connector).
 
 How batches become micro-batches, exactly once with a checkpointed sink:
 
@@ -25,17 +26,26 @@ How batches become micro-batches, exactly once with a checkpointed sink:
   the partition objects, so ``read`` in the Python worker only yields them: workers
   open no connection (a second connection of the same client id would roll the
   driver's batches back), and a task retry reads the very same rows.
-* ``commit(end)`` (one micro-batch late; never for the last batch of an availableNow
-  run) acks the newest server batch lying entirely at or before ``end`` and forgets
-  those entries. Server batches stay outstanding until then.
-* A replay (driver restarted from its checkpoint, or a range the ledger no longer
-  holds): first ``get_batch`` of the batch ids in the offset; when the server no longer
-  has them (a reconnect rolls outstanding batches back), roll back and read from the
-  client's cursor again, dropping entries at or before ``start``. Since only committed
-  ranges are acked, the cursor is never past ``start``; the rebuilt range is checked
-  against the planned entry count (``ReplayMismatch`` when it differs, never a silent
-  difference). Entries a server delivers twice (after a failover or reconnect) are
-  recognised by their binlog key and dropped.
+* Spark plans a micro-batch only after the previous one is committed, so the
+  ``start`` of ``latestOffset`` is committed: it acks the newest server batch lying
+  entirely at or before ``start`` and forgets those entries, as ``commit(end)`` does
+  (which comes one micro-batch late, and never for the last batch of an availableNow
+  run). Server batches stay outstanding until then; the last micro-batch of an
+  availableNow run is acked by the run's final ``latestOffset`` (the one that finds
+  nothing more).
+* A ``start`` (or replay start) the ledger does not hold (driver restarted from its
+  checkpoint, a new run, a range the ledger no longer holds): roll back, then move the
+  client's cursor through ``start``'s entry (``POST .../cursor``: committed by Spark,
+  whatever this process acked; after a leader change too, as far as the new leader's
+  store reaches). A replayed micro-batch first tries ``get_batch`` of the batch ids in
+  the offset; when the server no longer has them (a reconnect rolls outstanding
+  batches back), it reads from the cursor again, dropping entries at or before
+  ``start``. Since only committed ranges are acked, the cursor is never past
+  ``start``; the rebuilt range is checked against the planned entry count
+  (``ReplayMismatch`` when it differs, never a silent difference). Entries a server
+  delivers twice (after a failover or reconnect) are recognised by their binlog key and
+  dropped. An older node without ``POST .../cursor``: a warning, and the entries up to
+  ``start`` are read again and skipped.
 
 availableNow: ``prepareForTriggerAvailableNow`` records the **target**, the leader's
 ``binlog_end`` from ``/v1/health`` (where the source's binlog ended when the run
@@ -165,7 +175,7 @@ class CanalOptions:
             client_id=str(opts["clientId"]).strip(),
             etcd=etcd,
             servers=servers,
-            batch_size=_int(opts, "batchSize", 1000, 1, 1_000_000),
+            batch_size=_int(opts, "batchSize", 1000, 1, 65_536),  # the server's limit
             filter=str(opts.get("filter", "")),
             token=opts.get("token") or None,
             etcd_prefix=str(opts.get("etcdPrefix", "/canal")),
@@ -201,6 +211,7 @@ class ConnectorLike(Protocol):
     def get_batch(self, batch_id: int) -> BatchLike: ...
     def ack(self, batch_id: int) -> None: ...
     def rollback(self, batch_id: int | None = None) -> None: ...
+    def move_cursor(self, logfile: str, offset: int) -> dict[str, Any] | None: ...
 
 
 def make_connector(options: CanalOptions) -> ConnectorLike:
@@ -476,6 +487,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = Offset.from_dict(start)
         if not (self.ledger.floor <= begin.last <= self.ledger.top):
             self._restart_at(begin.last, "planning after")
+        self._settle(begin.last)  # Spark plans after a committed micro-batch only
         if self._target is not None:
             pending = self._limit(self._until_target(begin, self._target), limit)
         else:
@@ -572,12 +584,30 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return reader != previous
 
     def _restart_at(self, key: EntryKey, why: str) -> None:
-        """Roll back and read from the cursor again, keeping only entries after ``key``."""
+        """Roll back and read from the cursor again, keeping only entries after ``key``;
+        ``key`` ends a micro-batch Spark committed, so the cursor moves there first."""
         log.info("%s: %s %s: reading again from the cursor", self._what(), why, key)
         conn = self._conn()
         conn.rollback()
         self.ledger.reset(key)
         self._served, self._reader_past = MIN_KEY, None
+        if key > MIN_KEY:
+            self._commit_through(conn, key)
+
+    def _commit_through(self, conn: ConnectorLike, key: EntryKey) -> None:
+        """Move the client's cursor through ``key`` (a committed entry this ledger did not
+        take: a restarted driver, a replay); an older node only logs it."""
+        try:
+            cursor = conn.move_cursor(key.file, key.pos)
+        except CanalError as exc:
+            log.warning(
+                "%s: the leader cannot move the cursor through %s (%s): the entries up to "
+                "it are read again and skipped", self._what(), key, exc,
+            )  # fmt: skip
+            return
+        pos = (cursor or {}).get("position") or {}
+        at = f"{pos.get('journal')}:{pos.get('offset')}" if pos else "unset"
+        log.info("%s: committed through %s, the cursor is at %s", self._what(), key, at)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[CanalPartition]:
         begin, stop = Offset.from_dict(start), Offset.from_dict(end)
@@ -636,7 +666,10 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         yield from partition.rows
 
     def commit(self, end: dict[str, Any]) -> None:
-        upto = Offset.from_dict(end).last
+        self._settle(Offset.from_dict(end).last)
+
+    def _settle(self, upto: EntryKey) -> None:
+        """Spark committed everything up to ``upto``: forget it, ack its server batches."""
         batch_id = self.ledger.release(upto)
         if batch_id is None or self._connector is None:
             return

@@ -383,6 +383,7 @@ def create_app(node: Node) -> FastAPI:
         return Response(node.metrics.render(), media_type=CONTENT_TYPE)
 
     _destination_routes(app, check_token, call, epoch_headers)
+    _cursor_move_route(app, check_token, call, epoch_headers)
     app.add_middleware(EpochHeader, node=node)
     app.state.node = node
     return app
@@ -512,5 +513,34 @@ def _destination_routes(
     ) -> Response:
         """The client's last acked position (null before its first ack)."""
         pos, epoch = await call(request, destination, client_id, lambda s: s.cursor(client_id))
+        out = {"cursor": pos.to_dict() if pos is not None else None}
+        return encode(request, out, headers=epoch_headers(epoch))
+
+
+def _cursor_move_route(
+    app: FastAPI,
+    check_token: Callable[..., None],
+    call: Callable[..., Any],
+    epoch_headers: Callable[[int], dict[str, str]],
+) -> None:
+    """``POST C/cursor``: commit through an entry (``EmbeddedServer.move_cursor``)."""
+
+    @app.post(
+        "/v1/destinations/{destination}/clients/{client_id}/cursor",
+        responses=_ok(m.CursorOut, "the cursor after the move"),
+        openapi_extra=_body_doc(m.CursorRequest, True),
+        dependencies=[Depends(check_token)],
+        tags=["destinations"],
+    )
+    async def move_cursor(
+        request: Request, destination: str = DestPath, client_id: str = ClientPath
+    ) -> Response:
+        """Commit through an entry: drop every outstanding batch, then move the cursor forward
+        through the stored entry starting at `logfile`:`offset` (never backwards)."""
+        body = await read_body(request, m.CursorRequest)
+        pos, epoch = await call(
+            request, destination, client_id,
+            lambda s: s.move_cursor(client_id, body.logfile, body.offset),
+        )  # fmt: skip
         out = {"cursor": pos.to_dict() if pos is not None else None}
         return encode(request, out, headers=epoch_headers(epoch))

@@ -23,6 +23,7 @@ __all__ = [
     "BinlogEndOut",
     "ClusterOut",
     "CursorOut",
+    "CursorRequest",
     "ErrorBody",
     "HealthOut",
     "ReaderPositionOut",
@@ -59,6 +60,15 @@ class BatchRequest(_Request):
     timeout_ms: int = Field(default=0, ge=0, le=MAX_TIMEOUT_MS, description="long-poll wait")
     auto_ack: bool = Field(default=False, description="true: Canal's get (ack at once)")
     layout: Layout = Field(default="rows", description=LAYOUT_DOC)
+
+
+class CursorRequest(_Request):
+    logfile: str = Field(
+        min_length=1, max_length=512, description="`header.logfile` of the last committed entry"
+    )
+    offset: int = Field(
+        ge=0, le=2**63 - 1, description="`header.offset` (the event's start) of that entry"
+    )
 
 
 class ErrorBody(BaseModel):

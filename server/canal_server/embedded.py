@@ -23,6 +23,10 @@ Semantics (Canal's server and client roles; docs/architecture.md, "Guarantees"):
   ``rollback(client)`` drops all. The next get re-delivers from there. Like Canal,
   ``rollback(client)`` of a client that is not subscribed is a no-op (clients roll
   back on connect).
+* ``move_cursor(client, logfile, offset)``: drops every outstanding batch and moves
+  the cursor forward through the stored entry starting at that position (what a
+  client committed elsewhere, e.g. a Spark checkpoint, after its batches were rolled
+  back); never backwards.
 
 A client filter narrows at get time (see ``canal_server.filter``). When everything a
 get scanned is filtered out and the client has no outstanding batch, the cursor
@@ -52,7 +56,7 @@ from canal_protocol.errors import (
 from canal_protocol.positions import LogPosition
 from canal_server.filter import EventFilter
 from canal_server.meta import MetaManager, PositionRange
-from canal_server.store import EventStore, StoredEvent
+from canal_server.store import EventStore, StoredEvent, is_after
 
 __all__ = ["MAX_BATCH_SIZE", "MAX_TIMEOUT_S", "EmbeddedServer"]
 
@@ -221,6 +225,30 @@ class EmbeddedServer:
                     self.meta.remove_batch(client, bid)
                     state.seqs.pop(bid, None)
         log.info("%s: client %s rolled back from batch %s", self.destination, client, batch_id)
+
+    def move_cursor(self, client: str, logfile: str, offset: int) -> LogPosition | None:
+        """Move the cursor forward through the entry starting at ``logfile``:``offset``
+        (one the client committed elsewhere, e.g. in a Spark checkpoint); the cursor
+        after it. Every outstanding batch is dropped first, as by ``rollback(client)``.
+        The cursor goes to the last stored event starting there or before and never
+        backwards; a position not stored (yet) moves it only as far as the store reaches.
+        """
+        state = self._state(client)
+        with state.lock:
+            self._check_current(client, state)
+            for bid, _ in self.meta.batches(client):
+                self.meta.remove_batch(client, bid)
+            state.seqs.clear()
+            event = self.store.last_starting_by(logfile, offset)
+            cursor = self.meta.cursor(client)
+            if event is not None and (cursor is None or is_after(event.position, cursor)):
+                self._move_cursor(client, state, event.position, event.seq)
+                cursor = event.position
+        log.info(
+            "%s: client %s committed through %s:%d, cursor %s",
+            self.destination, client, logfile, offset, cursor,
+        )  # fmt: skip
+        return cursor
 
     # ---- internals -------------------------------------------------------------
     def _state(self, client: str) -> _ClientState:

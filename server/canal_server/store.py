@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from canal_protocol.entry import Entry, Value
 from canal_protocol.errors import InvalidArgument, StoreClosed, StoreError
-from canal_protocol.positions import LogIdentity, LogPosition
+from canal_protocol.positions import LogIdentity, LogPosition, journal_seq
 from canal_server.packed import PackedRows
 
 __all__ = [
@@ -267,6 +267,21 @@ class EventStore:
         with self._lock:
             idx = self._index_after_position(position)
             return self._events[idx - 1].seq if idx > self._head else None
+
+    def last_starting_by(self, journal: str, offset: int) -> StoredEvent | None:
+        """The last stored event whose entry starts at or before ``journal``:``offset``
+        (binlog order; an entry's header start, not its resume position)."""
+        key = (journal_seq(journal), offset)
+        with self._lock:
+            idx = bisect.bisect_right(
+                range(self._head, len(self._events)),
+                key,
+                key=lambda i: (
+                    journal_seq(self._events[i].entry.header.logfile),
+                    self._events[i].entry.header.offset,
+                ),
+            )
+            return self._events[self._head + idx - 1] if idx else None
 
     def stop(self) -> None:
         """Close the store: every waiting put/get raises StoreClosed."""
