@@ -8,14 +8,17 @@
   ``Retry-After`` while no leader is known, the node is fenced or still starting.
 * Every response carries ``X-Canal-Epoch`` (the destination's; on node-wide routes
   the highest epoch of the node's destinations).
-* Bearer tokens when configured (not for ``/v1/health`` and ``/metrics``).
+* Bearer tokens when configured (not for ``/v1/health``, ``/metrics`` and ``/docs``).
+* ``/docs`` is Swagger UI from the package's own files (``static/swagger-ui``): it
+  works offline.
 * Blocking store calls (long polls) run in a worker thread, never on the event loop.
 * Batches in API.md's ``rows`` layout, or with ``layout=compact`` (what the Python
   client asks for) each rows entry's ``columns`` once and ``before``/``after`` value
   lists; compact msgpack batches are joined from the entries' once-made bytes.
 
 Errors are ``{"error": code, "message": ..., "field"?: ..., "leader"?: ...}``:
-400 invalid_argument / bad_body, 401 unauthorized, 404 unknown_destination /
+400 invalid_argument / bad_body, 413 payload_too_large (a body over 64 KiB), 401
+unauthorized, 404 unknown_destination /
 unknown_batch / not_found, 405 method_not_allowed, 409 not_subscribed /
 batch_not_outstanding, 307 not_leader, 503 no_leader / fenced / starting /
 unavailable / etcd_unavailable.
@@ -30,14 +33,17 @@ import json
 import logging
 import re
 from collections.abc import Callable
+from pathlib import Path as FilePath
 from typing import Any, TypeVar
 
 import anyio
 import msgpack
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -64,6 +70,8 @@ __all__ = ["MSGPACK", "ApiError", "create_app"]
 log = logging.getLogger(__name__)
 MSGPACK = "application/msgpack"
 MAX_BODY = 64 * 1024
+STATIC_DIR = FilePath(__file__).parent / "static"
+SWAGGER_UI = "/static/swagger-ui"
 _DEST_PATH = re.compile(r"^/v1/destinations/([^/]+)")
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -134,10 +142,29 @@ def _batch_response(
     return encode(request, batch.to_wire(compact=layout == "compact"), headers=headers)
 
 
+def _too_large() -> ApiError:
+    return ApiError(
+        413, "payload_too_large", f"body larger than {MAX_BODY} bytes", field="body"
+    )
+
+
+async def _read_limited(request: Request) -> bytes:
+    """The body, refused (413) as soon as it is over ``MAX_BODY``: never read whole."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY:
+        raise _too_large()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise _too_large()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def read_body(request: Request, model: type[M]) -> M:
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise ApiError(400, "bad_body", f"body larger than {MAX_BODY} bytes", field="body")
+    raw = await _read_limited(request)
     data: Any = {}
     if raw.strip():
         ctype = request.headers.get("content-type", "")
@@ -193,6 +220,7 @@ class EpochHeader:
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": m.ErrorBody, "description": "bad input; `field` names it"},
+    413: {"model": m.ErrorBody, "description": f"a body larger than {MAX_BODY} bytes"},
     401: {"model": m.ErrorBody, "description": "no or bad bearer token"},
     404: {"model": m.ErrorBody, "description": "unknown destination (or batch)"},
     409: {"model": m.ErrorBody, "description": "not subscribed, or batch not outstanding"},
@@ -242,7 +270,10 @@ def create_app(node: Node) -> FastAPI:
         version="1",
         description=__doc__,
         responses={401: {"model": m.ErrorBody}},
+        docs_url=None,  # served below from the package's own Swagger UI files
+        redoc_url=None,  # ReDoc would load its script from a CDN
     )
+    _docs_routes(app)
     bearer = HTTPBearer(auto_error=False, description="when the node has auth.tokens")
     tokens = [t.encode() for t in node.config.auth.tokens]
     holder: dict[str, anyio.CapacityLimiter] = {}
@@ -385,6 +416,22 @@ def create_app(node: Node) -> FastAPI:
     app.add_middleware(EpochHeader, node=node)
     app.state.node = node
     return app
+
+
+def _docs_routes(app: FastAPI) -> None:
+    """``/docs``: Swagger UI from ``static/swagger-ui`` (vendored), nothing from the network."""
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{SWAGGER_UI}/swagger-ui-bundle.js",
+            swagger_css_url=f"{SWAGGER_UI}/swagger-ui.css",
+            swagger_favicon_url=f"{SWAGGER_UI}/favicon-32x32.png",
+            swagger_ui_parameters={"validatorUrl": None},  # no badge from an online validator
+        )
 
 
 def _destination_routes(
