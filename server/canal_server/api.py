@@ -384,8 +384,9 @@ def create_app(node: Node) -> FastAPI:
 
     @app.get("/v1/health", responses=_ok(m.HealthOut), tags=["node"])
     async def health(request: Request) -> Response:
-        """Node id; per destination: role, epoch, leader, the reader's state or error, where
-        the reader is and (on the leader) where the source's binlog ends."""
+        """Node id, its row decoder and whether etcd answers; per destination: role,
+        epoch, leader, the reader's state or error, where the reader is, (on the leader)
+        where the source's binlog ends, and whether the database answers."""
         # binlog_end asks the database: off the event loop, apart from the long polls' limiter
         return encode(request, await anyio.to_thread.run_sync(node.health))
 

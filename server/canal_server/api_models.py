@@ -23,7 +23,9 @@ __all__ = [
     "BinlogEndOut",
     "ClusterOut",
     "CursorOut",
+    "DatabaseOut",
     "ErrorBody",
+    "EtcdOut",
     "HealthOut",
     "ReaderPositionOut",
     "RollbackOut",
@@ -169,6 +171,23 @@ class BinlogEndOut(BaseModel):
     source_address: str = Field(description="host:port of the database asked")
 
 
+class DatabaseOut(BaseModel):
+    reachable: bool = Field(
+        description="the database answered SHOW MASTER STATUS (1 s timeouts, cached for 1 s)"
+    )
+    address: str = Field(
+        description="host:port asked: the source the leader reads, else the configured master"
+    )
+    error: str = Field(description="why it is not reachable; empty when it is")
+
+
+class EtcdOut(BaseModel):
+    reachable: bool = Field(
+        description="etcd answered a read within the node's etcd timeout (cached for 1 s)"
+    )
+    error: str = Field(description="why it is not reachable; empty when it is")
+
+
 class DestinationHealth(BaseModel):
     role: str = Field(description="leader, standby, fenced or starting")
     epoch: int
@@ -186,11 +205,17 @@ class DestinationHealth(BaseModel):
         description="where the source's binlog ends now (cached for 1 s); only on the "
         "leader, null when the database does not answer",
     )
+    database: DatabaseOut
 
 
 class HealthOut(BaseModel):
     node: str
     url: str
+    row_decoder: Literal["c", "python"] = Field(
+        description="the row decoder this node runs: the C extension, or Python "
+        "(when the extension is missing, or CANAL_ROWCODEC=python)"
+    )
+    etcd: EtcdOut
     destinations: dict[str, DestinationHealth]
 
 

@@ -76,8 +76,10 @@ __all__ = [
     "Instance",
     "ReaderStatus",
     "Role",
+    "SourceCheck",
     "build_instance",
     "master_status",
+    "query_master_status",
 ]
 
 log = logging.getLogger(__name__)
@@ -111,20 +113,17 @@ class ReaderStatus:
         }
 
 
-def master_status(dsn: Mapping[str, Any]) -> dict[str, Any] | None:
+def query_master_status(dsn: Mapping[str, Any]) -> dict[str, Any] | None:
     """``{journal, offset, gtid, source_address}`` of the binlog end of ``dsn`` (the
     position first, then ``@@gtid_binlog_pos``, so the GTID is never older); None when
-    the database does not answer within ``BINLOG_END_TIMEOUT_S`` or has no binlog."""
+    the database has no binlog. Raises ``pymysql.err.MySQLError`` or ``OSError`` when
+    it does not answer within ``BINLOG_END_TIMEOUT_S``."""
     conn = {**dsn, "connect_timeout": BINLOG_END_TIMEOUT_S, "read_timeout": BINLOG_END_TIMEOUT_S}
-    try:
-        with binlog_stream.connect(conn) as c, c.cursor() as cur:
-            cur.execute("SHOW MASTER STATUS")
-            row = cur.fetchone()
-            cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
-            gtid = cur.fetchone()
-    except (pymysql.err.MySQLError, OSError) as exc:
-        log.debug("SHOW MASTER STATUS on %s failed: %s", address_of(dsn), exc)
-        return None
+    with binlog_stream.connect(conn) as c, c.cursor() as cur:
+        cur.execute("SHOW MASTER STATUS")
+        row = cur.fetchone()
+        cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
+        gtid = cur.fetchone()
     if not row:
         return None
     return {
@@ -135,29 +134,62 @@ def master_status(dsn: Mapping[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def master_status(dsn: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``query_master_status``, None when the database does not answer."""
+    try:
+        return query_master_status(dsn)
+    except (pymysql.err.MySQLError, OSError) as exc:
+        log.debug("SHOW MASTER STATUS on %s failed: %s", address_of(dsn), exc)
+        return None
+
+
+@dataclass(frozen=True)
+class SourceCheck:
+    """One probe of a source: its binlog end (None: unknown) and the error, if any."""
+
+    address: str
+    end: dict[str, Any] | None
+    error: str = ""
+
+    @property
+    def reachable(self) -> bool:
+        return not self.error
+
+
 class BinlogEndProbe:
-    """``master_status`` of a source, asked at most once per ``ttl_s`` (a failure too)."""
+    """The binlog end of a source, asked at most once per ``ttl_s`` (a failure too).
+
+    ``query`` returns the end (None: none) or raises ``MySQLError``/``OSError`` when
+    the database does not answer: ``check`` then reports it unreachable."""
 
     def __init__(
         self,
-        query: Callable[[Mapping[str, Any]], dict[str, Any] | None] = master_status,
+        query: Callable[[Mapping[str, Any]], dict[str, Any] | None] = query_master_status,
         ttl_s: float = BINLOG_END_TTL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._query, self._ttl_s, self._clock = query, ttl_s, clock
         self._lock = threading.Lock()
-        self._cached: tuple[float, str, dict[str, Any] | None] | None = None
+        self._cached: tuple[float, SourceCheck] | None = None
 
     def get(self, dsn: Mapping[str, Any]) -> dict[str, Any] | None:
+        return self.check(dsn).end
+
+    def check(self, dsn: Mapping[str, Any]) -> SourceCheck:
         address = address_of(dsn)
         with self._lock:  # concurrent callers wait for one query instead of each asking
             cached = self._cached
             now = self._clock()
-            if cached is not None and cached[1] == address and now - cached[0] < self._ttl_s:
-                return cached[2]
-            value = self._query(dsn)
-            self._cached = (self._clock(), address, value)
-            return value
+            if cached is not None and cached[1].address == address:
+                if now - cached[0] < self._ttl_s:
+                    return cached[1]
+            try:
+                result = SourceCheck(address, self._query(dsn))
+            except (pymysql.err.MySQLError, OSError) as exc:
+                log.debug("SHOW MASTER STATUS on %s failed: %s", address, exc)
+                result = SourceCheck(address, None, f"{type(exc).__name__}: {exc}")
+            self._cached = (self._clock(), result)
+            return result
 
 
 def _point(position: LogPosition) -> dict[str, Any]:
@@ -318,6 +350,14 @@ class Instance:
         if term is None:
             return None
         return self._binlog_end.get(term.reader.source)
+
+    def database(self) -> dict[str, Any]:
+        """``{reachable, address, error}`` of the database: the one the current term
+        reads, else the configured master; asked with the binlog end (same cache)."""
+        term = self._term
+        dsn = term.reader.source if term is not None else dsn_of(self.config, self.config.master)
+        checked = self._binlog_end.check(dsn)
+        return {"reachable": checked.reachable, "address": checked.address, "error": checked.error}
 
     def store_stats(self) -> tuple[int, int]:
         term = self._term
