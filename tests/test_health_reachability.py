@@ -16,8 +16,8 @@ import pytest
 from node_fixtures import DEST, NodeProc, start_nodes, wait_leader
 
 from canal_cluster.retry import wait_until
-from canal_server import rowcodec
 from canal_cluster.sandbox import Sandbox
+from canal_server import rowcodec
 from canal_server.api_models import HealthOut
 
 SandboxFactory = Callable[..., Sandbox]

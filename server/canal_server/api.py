@@ -52,18 +52,21 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from canal_cluster.errors import (
     BatchUnavailable,
     CoordinationError,
+    Fenced,
     InvalidArgument,
     NotSubscribed,
+    StartUnavailable,
     StoreError,
     UnknownBatch,
     UnknownDestination,
 )
 from canal_cluster.keys import Keys, validate_id
 from canal_server import api_models as m
-from canal_server.embedded import Batch, EmbeddedServer
+from canal_server.embedded import Batch, EmbeddedServer, Start
 from canal_server.instance import Role
 from canal_server.metrics import CONTENT_TYPE
 from canal_server.node import Node
+from canal_server.positions import LogPosition
 
 __all__ = ["MSGPACK", "ApiError", "create_app"]
 
@@ -143,9 +146,7 @@ def _batch_response(
 
 
 def _too_large() -> ApiError:
-    return ApiError(
-        413, "payload_too_large", f"body larger than {MAX_BODY} bytes", field="body"
-    )
+    return ApiError(413, "payload_too_large", f"body larger than {MAX_BODY} bytes", field="body")
 
 
 async def _read_limited(request: Request) -> bytes:
@@ -181,8 +182,9 @@ async def read_body(request: Request, model: type[M]) -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         e = exc.errors()[0]
-        name = ".".join(str(p) for p in e["loc"]) or "body"
-        raise ApiError(400, "invalid_argument", f"{name}: {e['msg']}", field=name) from None
+        path = ".".join(str(p) for p in e["loc"]) or "body"
+        name = str(e["loc"][0]) if e["loc"] else "body"  # the body's field (`start.position…`)
+        raise ApiError(400, "invalid_argument", f"{path}: {e['msg']}", field=name) from None
 
 
 # -- the epoch header -------------------------------------------------------------------
@@ -336,8 +338,12 @@ def create_app(node: Node) -> FastAPI:
             raise ApiError(409, "batch_not_outstanding", str(exc)) from None
         except NotSubscribed as exc:
             raise ApiError(409, "not_subscribed", str(exc)) from None
-        except (BatchUnavailable, StoreError) as exc:
+        except (BatchUnavailable, StartUnavailable, StoreError) as exc:
             raise _unavailable("unavailable", str(exc)) from None
+        except Fenced as exc:
+            raise _unavailable("fenced", f"{d}: {exc}") from None
+        except CoordinationError as exc:  # a subscription's meta could not be flushed
+            raise _unavailable("etcd_unavailable", f"etcd: {exc}", 2) from None
         still = node.instance(d).serving()
         if still is None or still[1] != epoch:
             raise _unavailable("fenced", f"{d}: leadership of epoch {epoch} ended")
@@ -419,6 +425,12 @@ def create_app(node: Node) -> FastAPI:
     return app
 
 
+def _start_of(start: str | m.PositionIn) -> Start:
+    if isinstance(start, m.PositionIn):
+        return LogPosition.from_dict(start.model_dump())
+    return "earliest" if start == "earliest" else "latest"
+
+
 def _docs_routes(app: FastAPI) -> None:
     """``/docs``: Swagger UI from ``static/swagger-ui`` (vendored), nothing from the network."""
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
@@ -455,12 +467,20 @@ def _destination_routes(
     async def subscribe(
         request: Request, destination: str = DestPath, client_id: str = ClientPath
     ) -> Response:
-        """Subscribe (idempotent; a new filter replaces the old one)."""
+        """Subscribe (idempotent; a new filter replaces the old one). A new subscription
+        starts at `start` (default `latest`); a re-subscribe keeps the cursor."""
         body = await read_body(request, m.SubscriptionRequest)
-        _, epoch = await call(
-            request, destination, client_id, lambda s: s.subscribe(client_id, body.filter)
+        start = _start_of(body.start)
+        sub, epoch = await call(
+            request, destination, client_id, lambda s: s.subscribe(client_id, body.filter, start)
         )
-        out = {"destination": destination, "client_id": client_id, "filter": body.filter}
+        out = {
+            "destination": destination,
+            "client_id": client_id,
+            "filter": body.filter,
+            "cursor": sub.cursor.to_dict() if sub.cursor is not None else None,
+            "created": sub.created,
+        }
         return encode(request, out, headers=epoch_headers(epoch))
 
     @app.delete(

@@ -24,9 +24,12 @@ __all__ = [
     "ClusterOut",
     "CursorOut",
     "DatabaseOut",
+    "EntryPositionIn",
     "ErrorBody",
     "EtcdOut",
     "HealthOut",
+    "IdentityIn",
+    "PositionIn",
     "ReaderPositionOut",
     "RollbackOut",
     "SubscriptionOut",
@@ -48,11 +51,49 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+MAX_INT64 = 2**63 - 1
+START_DOC = (
+    "where a NEW subscription of this client id starts (also the first one after an "
+    "unsubscribe): `latest` (default) = the destination's current end (the newest position "
+    "the leader's reader has put into its store): only changes after it are delivered; "
+    "`earliest` = just before the oldest change the destination still holds (what no "
+    "client has acked yet, or where the leader's store begins); a position (a cursor, or a "
+    "batch's `start`/`end`): the changes after it, which must lie within what is held "
+    "(else 400 with `field: start`). The start becomes the client's cursor at once (and is "
+    "in etcd before the answer: a new leader keeps it). A re-subscribe never moves the "
+    "cursor: `start` is then ignored."
+)
+
+
+class IdentityIn(_Request):
+    source_address: str = Field(default="", max_length=255, description="host:port")
+    slave_id: int = Field(default=0, ge=0, le=MAX_INT64)
+
+
+class EntryPositionIn(_Request):
+    journal: str = Field(max_length=255, description="binlog file")
+    offset: int = Field(ge=0, le=MAX_INT64, description="where the next event starts")
+    server_id: int = Field(default=0, ge=0, le=MAX_INT64)
+    gtid: str = Field(default="", max_length=MAX_FILTER_LEN)
+    timestamp_ms: int = Field(default=0, ge=0, le=MAX_INT64)
+    included: bool = True
+
+
+class PositionIn(_Request):
+    """A position as ``GET .../cursor`` and batches give it."""
+
+    identity: IdentityIn
+    position: EntryPositionIn
+
+
 class SubscriptionRequest(_Request):
     filter: str = Field(
         default="",
         max_length=MAX_FILTER_LEN,
         description="comma-separated regexes on schema.table (Canal syntax); empty = all",
+    )
+    start: Literal["latest", "earliest"] | PositionIn = Field(
+        default="latest", description=START_DOC
     )
 
 
@@ -129,6 +170,11 @@ class SubscriptionOut(BaseModel):
     destination: str
     client_id: str
     filter: str
+    cursor: Position | None = Field(
+        description="where the client resumes after: its start for a new subscription, "
+        "else its unchanged cursor"
+    )
+    created: bool = Field(description="true: a new subscription (its `start` applied)")
 
 
 class UnsubscribeOut(BaseModel):

@@ -42,6 +42,7 @@ from canal_cluster.errors import (
     CoordinatorUnavailable,
     PositionNotFound,
     PurgedPosition,
+    StartUnavailable,
     StoreClosed,
 )
 from canal_cluster.keys import Keys
@@ -50,7 +51,7 @@ from canal_cluster.retry import RetryPolicy
 from canal_cluster.running import RunningMonitor
 from canal_server import binlog_stream
 from canal_server.config import DestinationConfig, SourceSection, dsn_of
-from canal_server.embedded import EmbeddedServer
+from canal_server.embedded import EmbeddedServer, StartBounds
 from canal_server.entry import Entry
 from canal_server.filter import EventFilter, EventSink
 from canal_server.finder import ConfiguredPosition, DatabaseLink, FinderConfig, PositionFinder
@@ -179,10 +180,9 @@ class BinlogEndProbe:
         address = address_of(dsn)
         with self._lock:  # concurrent callers wait for one query instead of each asking
             cached = self._cached
-            now = self._clock()
-            if cached is not None and cached[1].address == address:
-                if now - cached[0] < self._ttl_s:
-                    return cached[1]
+            fresh = cached is not None and self._clock() - cached[0] < self._ttl_s
+            if cached is not None and fresh and cached[1].address == address:
+                return cached[1]
             try:
                 result = SourceCheck(address, self._query(dsn))
             except (pymysql.err.MySQLError, OSError) as exc:
@@ -222,8 +222,8 @@ class _Term:
         self.status = ReaderStatus()
         self.store = EventStore(cfg.name, cfg.memory.buffer_size, cfg.memory.buffer_bytes)
         self.memory = MemoryLogPositionManager()
-        meta_positions = MetaLogPositionManager(lambda d: inst.meta)
-        self.positions = FailbackLogPositionManager(self.memory, meta_positions)
+        self.meta_positions = MetaLogPositionManager(lambda d: inst.meta)
+        self.positions = FailbackLogPositionManager(self.memory, self.meta_positions)
         flt = cfg.filter
         self.sink = EventSink(
             cfg.name,
@@ -236,6 +236,7 @@ class _Term:
         self.finder = PositionFinder(inst.finder_config(), self.positions)
         self.thread: threading.Thread | None = None
         self.started: LogPosition | None = None  # where the reader began (last found)
+        self.base: LogPosition | None = None  # where it began first: the store's start
 
     def _sink_guard(self, inst: Instance) -> Any:
         def sink(entries: Sequence[Entry]) -> None:
@@ -343,6 +344,21 @@ class Instance:
         latest = term.memory.get_latest(self.name) or term.started
         return _point(latest) if latest is not None else None
 
+    def _start_bounds(self, term: _Term) -> StartBounds:
+        """Where a new subscription of this term can start (``EmbeddedServer``): the
+        store begins where the term's reader first began, the end is the reader's
+        position (``reader_position``); before the reader found its start, both are
+        where it will begin: the clients' minimum cursor or the origin."""
+        planned = term.meta_positions.get_latest(self.name)
+        base = term.base or planned
+        latest = term.memory.get_latest(self.name) or term.started or planned
+        if base is None or latest is None:
+            raise StartUnavailable(
+                f"{self.name}: where the destination ends is not known yet (the reader of "
+                f"epoch {term.epoch} is finding its start); retry"
+            )
+        return StartBounds(base, latest)
+
     def binlog_end(self) -> dict[str, Any] | None:
         """The binlog end of the source the current term reads (cached for
         ``BINLOG_END_TTL_S``); None off term or when the database does not answer."""
@@ -371,7 +387,9 @@ class Instance:
         term = _Term(self, epoch)
         with self._lock:
             self._term = term
-        term.server = EmbeddedServer(self.name, term.store, self.meta)
+        term.server = EmbeddedServer(
+            self.name, term.store, self.meta, start_bounds=lambda: self._start_bounds(term)
+        )
         term.thread = threading.Thread(
             target=self._read_loop, args=(term,), name=f"reader {self.name}", daemon=True
         )
@@ -469,6 +487,8 @@ class Instance:
         start = found.position
         self._record_origin(LogPosition(found.identity, start), term)
         term.started = LogPosition(found.identity, start)
+        if term.base is None:
+            term.base = term.started
         term.status = ReaderStatus(
             "running", start={**start.to_dict(), "reasons": [str(r) for r in found.reasons]}
         )
