@@ -244,7 +244,8 @@ class EmbeddedServer:
         if state.filter is not flt:
             with state.lock:  # never while holding self._lock: lock order is client → server
                 state.filter = flt
-        self.meta.flush()  # the start is in etcd before the answer: a new leader keeps it
+        if created or changed:  # in etcd before the answer: a new leader keeps the start
+            self.meta.flush()
         if created:
             log.info(
                 "%s: client %s subscribed, filter %r, start %s: cursor %s",
