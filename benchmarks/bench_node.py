@@ -104,7 +104,7 @@ def _e2e_once(ctx: Context, wire: str, run: int) -> dict[str, Any]:
             warnings_of("canal_client") as client_warnings,
             connector.SimpleConnector(nodes[0].url, DEST, f"e2e-{wire}", wire=wire) as conn,
         ):
-            conn.subscribe()
+            conn.subscribe(start="earliest")  # the dataset was written before: from its start
             connected_s = time.perf_counter() - t0
             while tally.rows < ds.rows:
                 if time.perf_counter() - t0 > E2E_TIMEOUT_S:

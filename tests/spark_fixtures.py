@@ -152,6 +152,7 @@ class FakeConnector:
         self.server = server
         self.rollback_on_connect = rollback_on_connect
         self.calls: list[str] = []
+        self.starts: list[str | None] = []  # the start of each subscribe
         self.connected = False
 
     @property
@@ -170,8 +171,9 @@ class FakeConnector:
     def disconnect(self) -> None:
         self.connected = False
 
-    def subscribe(self, filter: str = "") -> None:
+    def subscribe(self, filter: str = "", start: str | None = None) -> None:
         self.calls.append(f"subscribe {filter}")
+        self.starts.append(start)
 
     def get_without_ack(self, size: int, timeout_s: float) -> Batch:
         self.calls.append("get_without_ack")

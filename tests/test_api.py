@@ -91,7 +91,9 @@ def test_json_flow_subscribe_pull_ack_rollback_refetch(sandbox: Sandbox, leader:
         r = http.put(f"{base('j1')}/subscription", json={"filter": f"{DB}\\.t"})
         assert r.status_code == 200 and r.json()["filter"] == f"{DB}\\.t"
         assert int(r.headers["X-Canal-Epoch"]) > 0
-        assert http.get(f"{base('j1')}/cursor").json() == {"cursor": None}
+        start = r.json()["cursor"]  # a new client starts at the destination's current end
+        assert start is not None and r.json()["created"] is True
+        assert http.get(f"{base('j1')}/cursor").json() == {"cursor": start}
         sandbox.primary.execute(
             f"INSERT INTO {DB}.t VALUES (1, x'00ff', 1.50)",
             f"INSERT INTO {DB}.t VALUES (2, 'ab', 2)",

@@ -93,9 +93,9 @@ def test_consume_cli_json_output_matches_the_database(
             f"INSERT INTO {db}.t VALUES ({i}, 'n{i}', {i}.25, 0x00ff{i:02x}, "
             f"'2024-01-02 03:04:05.{i:03d}')"
         )
-    first = subprocess.run(
+    first = subprocess.run(  # written before it subscribed: --start earliest gets them
         consume_cmd(sandbox, nodes, "cli1", "--token", TOKEN, "--format", "json",
-                    "--max-entries", "10"),
+                    "--start", "earliest", "--max-entries", "10"),
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert first.returncode == 0, first.stderr

@@ -177,12 +177,12 @@ def test_filtered_stretch_with_outstanding_batch_waits_for_ack() -> None:
     assert server.cursor("c") == position_of(other[-1])
 
 
-def test_subscribe_later_starts_at_first_stored_entry_and_clients_are_independent() -> None:
+def test_subscribe_later_from_earliest_starts_at_first_stored_entry_clients_independent() -> None:
     server, store, fac = _server()
     server.subscribe("a")
     entries = _put(store, fac.rows(4))
     server.ack("a", server.get_without_ack("a", 2).id)
-    server.subscribe("b")
+    server.subscribe("b", start="earliest")  # the default, latest, would skip all four
     assert list(server.get_without_ack("b", 10).entries) == entries[2:]
     assert list(server.get_without_ack("a", 10).entries) == entries[2:]
     server.subscribe("b")  # idempotent: keeps its outstanding batch

@@ -43,7 +43,9 @@ def test_mark_keys_sort_like_batch_ids() -> None:
     assert [Keys.batch_id_of(x) for x in keys] == ids
 
 
-@pytest.mark.parametrize("bad", ["", "a/b", "../x", "a b", "x" * 65, "é", "a\x00", "a*", "a\n"])
+@pytest.mark.parametrize(
+    "bad", ["", "a/b", "../x", "a b", "x" * 65, "é", "a\x00", "a*", "a\n", ".", ".."]
+)
 def test_ids_that_could_escape_are_rejected_naming_the_field(bad: str) -> None:
     k = Keys()
     cases: list[tuple[Callable[[], str], str]] = [

@@ -58,6 +58,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--client-id", required=True)
     p.add_argument("--batch-size", type=positive_int("--batch-size"), default=1000)
     p.add_argument("--filter", default="", help="schema.table regex (Canal's filter)")
+    p.add_argument("--start", choices=("latest", "earliest"), default="latest",
+                   help="where a NEW client id starts: latest = only changes after it "
+                   "subscribed, earliest = the oldest change the destination still holds; "
+                   "a client id already subscribed resumes from its cursor")  # fmt: skip
     p.add_argument("--format", choices=("json", "text"), default="text")
     p.add_argument("--max-entries", type=positive_int("--max-entries"), default=0,
                    help="exit 0 after N entries (0 = never)")  # fmt: skip
@@ -183,7 +187,7 @@ def consume(args: argparse.Namespace) -> int:
     with _sigterm_as_interrupt(), contextlib.suppress(KeyboardInterrupt):
         try:
             connector.connect()
-            connector.subscribe(args.filter)
+            connector.subscribe(args.filter, start=args.start)
             _consume_loop(connector, printer, args)
         except BrokenPipeError:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stdout is gone

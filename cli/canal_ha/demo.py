@@ -64,7 +64,7 @@ class ConsumerTail:
         argv = [sys.executable, "-m", "canal_ha.cli", "consume",
                 "--etcd", ",".join(box.etcd_endpoints), "--destination", "example",
                 "--client-id", CONSUMER_CLIENT_ID, "--filter", "demo\\..*",
-                "--format", "json"]  # fmt: skip
+                "--start", "earliest", "--format", "json"]  # fmt: skip
         self.read = read
         self.seen: set[tuple[str, int, int]] = set()
         self.duplicates = 0

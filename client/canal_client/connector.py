@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
@@ -74,6 +74,8 @@ class _SessionLost(ClientError):
 class _Inactive(ClientError):
     """This consumer is not the active one for its client id."""
 
+
+StartArg = str | Mapping[str, Any]  # "latest", "earliest" or a position dict
 
 _RETRYABLE = (ServerUnreachable, LeaderUnavailable, StaleLeader, _SessionLost)
 
@@ -123,6 +125,7 @@ class Connector:
         self._session: _Session | None = None
         self._gen = 0
         self._filter: str | None = None
+        self._start: StartArg | None = None
         self._batches: dict[int, int] = {}  # outstanding batch id -> session gen
         self._epoch = 0
         self._last_leader: tuple[str, int | None] | None = None
@@ -195,10 +198,20 @@ class Connector:
 
     # -- the calls ----------------------------------------------------------------------
 
-    def subscribe(self, filter: str = "") -> None:
-        """Subscribe (again) with ``filter``; kept and re-sent after every leader change."""
+    def subscribe(self, filter: str = "", start: StartArg | None = None) -> None:
+        """Subscribe (again) with ``filter``; kept and re-sent after every leader change.
+
+        ``start`` applies only when the client id is not subscribed yet (a re-subscribe
+        keeps its cursor): ``"latest"`` (the server's default: only changes after now),
+        ``"earliest"`` (the oldest change the destination still holds) or a position
+        dict (``cursor()``, a batch's start/end).
+        """
+        if start not in (None, "latest", "earliest") and not isinstance(start, Mapping):
+            raise InvalidArgument(
+                "start", f'must be "latest", "earliest" or a position dict, not {start!r}'
+            )
         with self._lock:
-            self._filter = filter
+            self._filter, self._start = filter, start
             if self._gate is not None and not self._gate.is_active():
                 return  # sent when this consumer becomes active
             try:
@@ -523,9 +536,10 @@ class Connector:
 
     def _put_subscription(self, url: str, filter: str, follow: bool = False) -> Reply:
         path = f"{self._base()}/subscription"
-        reply = self._require_channel().request(
-            "PUT", url, path, {"filter": filter}, follow_redirects=follow
-        )
+        body: dict[str, Any] = {"filter": filter}
+        if self._start is not None:
+            body["start"] = self._start if isinstance(self._start, str) else dict(self._start)
+        reply = self._require_channel().request("PUT", url, path, body, follow_redirects=follow)
         self._note_epoch(reply.epoch)
         return reply
 

@@ -14,7 +14,8 @@ Rows: see ``canal_client.spark_rows`` (one row per changed row; ``before``/``aft
 ``token``, ``etcdPrefix`` (``/canal``), ``pollTimeoutMs`` (1000),
 ``maxBatchesPerTrigger`` (10), ``replayTimeoutS`` (120), ``rowsPerPartition`` (10000),
 ``exclusive`` (false: one active consumer per client id), ``availableNowStallS`` (120),
-``connectorFactory`` (tests: ``module:function`` building the connector).
+``startingOffsets`` (``earliest``; see README), ``connectorFactory`` (tests:
+``module:function`` building the connector).
 
 How batches become micro-batches, exactly once with a checkpointed sink:
 
@@ -157,6 +158,7 @@ class CanalOptions:
     exclusive: bool = False
     connector_factory: str = ""
     available_now_stall_s: float = 120.0
+    starting_offsets: str = "earliest"
 
     @classmethod
     def parse(cls, opts: Mapping[str, str]) -> CanalOptions:
@@ -170,6 +172,9 @@ class CanalOptions:
         exclusive = str(opts.get("exclusive", "false")).strip().lower()
         if exclusive not in ("true", "false"):
             raise ConfigError("exclusive", f"must be true or false, got {exclusive!r}")
+        starting = str(opts.get("startingOffsets", "earliest")).strip().lower()
+        if starting not in ("earliest", "latest"):
+            raise ConfigError("startingOffsets", f"must be earliest or latest, got {starting!r}")
         return cls(
             destination=str(opts["destination"]).strip(),
             client_id=str(opts["clientId"]).strip(),
@@ -186,6 +191,7 @@ class CanalOptions:
             exclusive=exclusive == "true",
             connector_factory=factory,
             available_now_stall_s=float(_int(opts, "availableNowStallS", 120, 1, 86_400)),
+            starting_offsets=starting,
         )
 
 
@@ -206,7 +212,7 @@ class ConnectorLike(Protocol):
     def leader_url(self) -> str | None: ...
     def connect(self) -> None: ...
     def disconnect(self) -> None: ...
-    def subscribe(self, filter: str = "") -> None: ...
+    def subscribe(self, filter: str = "", start: str | None = None) -> None: ...
     def get_without_ack(self, size: int, timeout_s: float) -> BatchLike: ...
     def get_batch(self, batch_id: int) -> BatchLike: ...
     def ack(self, batch_id: int) -> None: ...
@@ -454,7 +460,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._connector is None:
             conn = self._factory(self.options)
             conn.connect()
-            conn.subscribe(self.options.filter)
+            conn.subscribe(self.options.filter, start=self.options.starting_offsets)
             self._connector, self._epoch = conn, conn.epoch
             log.info("%s: canal source connected to %s", self._what(), conn.leader_url)
         return self._connector

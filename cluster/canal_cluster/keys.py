@@ -11,8 +11,10 @@
     {p}/destinations/{d}/{client}/mark/{batch:020}  outstanding batch
 
 Every id is checked against ``[A-Za-z0-9_.-]{1,64}`` (``InvalidArgument`` naming the
-field) so nothing a caller sends can escape its prefix. Client ids ``cluster`` and
-``running`` are refused: they would alias the destination's own keys.
+field) so nothing a caller sends can escape its prefix; ``.`` and ``..`` match it but
+are refused too (URLs and paths resolve them away: no client could use such an id).
+Client ids ``cluster`` and ``running`` are refused: they would alias the destination's
+own keys.
 """
 
 from __future__ import annotations
@@ -28,12 +30,15 @@ DEFAULT_PREFIX = "/canal"
 _ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _PREFIX = re.compile(r"(/[A-Za-z0-9_.-]+)+")
 _RESERVED_CLIENT_IDS = frozenset({"cluster", "running"})
+_DOT_IDS = frozenset({".", ".."})
 
 
 def validate_id(value: object, field: str) -> str:
     """``value`` if it is a valid id, else ``InvalidArgument(field, ...)``."""
     if not isinstance(value, str) or _ID.fullmatch(value) is None:
         raise InvalidArgument(field, f"must match [A-Za-z0-9_.-]{{1,64}}, got {value!r}")
+    if value in _DOT_IDS:  # path segments that URLs and key paths resolve away
+        raise InvalidArgument(field, f"must not be {value!r}")
     return value
 
 

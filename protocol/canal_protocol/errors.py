@@ -21,6 +21,7 @@
     │   ├── NotSubscribed           the client has not subscribed (409)
     │   ├── UnknownBatch            batch id unknown, acked or rolled back (404/409)
     │   ├── BatchUnavailable        an outstanding batch's entries are not (yet) stored (503)
+    │   ├── StartUnavailable        a new subscription's start is not known yet (503)
     │   ├── InvalidArgument         a bad argument; names the field (400)
     │   └── Unauthorized            no or bad bearer token (401)
     ├── CoordinationError           etcd and elections
@@ -64,6 +65,7 @@ __all__ = [
     "ServerError",
     "ServerUnreachable",
     "StaleLeader",
+    "StartUnavailable",
     "StoreClosed",
     "StoreError",
     "Unauthorized",
@@ -186,6 +188,11 @@ class Fenced(CoordinationError):
 
 class BatchUnavailable(ServerError):
     """An outstanding batch's entries are not in the store (yet): retry later or roll back."""
+
+
+class StartUnavailable(ServerError):
+    """A new subscription's start is not known yet: the leader's reader is still finding
+    where to begin (503, retry)."""
 
 
 class Unauthorized(ServerError):

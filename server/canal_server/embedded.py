@@ -5,8 +5,23 @@ caller's business (it picks the EmbeddedServer by destination).
 
 Semantics (Canal's server and client roles; docs/architecture.md, "Guarantees"):
 
-* ``subscribe(client, filter)``: idempotent; a new filter replaces the old one. A
-  client starts after its cursor, or at the first stored entry if it never acked.
+* ``subscribe(client, filter, start)``: idempotent; a new filter replaces the old one.
+  The FIRST subscription of a client id (or the first after an unsubscribe) sets its
+  cursor from ``start``, and the meta is flushed before it returns, so a new leader
+  keeps that start:
+
+  - ``"latest"`` (default): the destination's current end (``StartBounds.latest``:
+    the newest position the leader's reader put into the store, or where it began):
+    the client gets only what comes after;
+  - ``"earliest"``: just before the oldest entry the store still holds (the last
+    entry freed because every client had acked it; none freed: where the store's
+    contents begin, ``StartBounds.base``);
+  - a ``LogPosition`` (a cursor, a batch's start or end): the client gets what
+    follows it; it must lie within what is held (``InvalidArgument("start")``).
+
+  A re-subscribe never moves the cursor (``start`` is ignored). ``StartUnavailable``
+  while the bounds are not known yet. A client restored without a cursor (older
+  metadata) starts at the first stored entry.
 * ``get_without_ack(client, size, timeout_s)``: up to ``size`` entries after the
   client's last outstanding batch (else after its cursor, else from the first stored
   entry). Returns as soon as at least one entry is there, waiting up to
@@ -41,7 +56,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from canal_cluster.keys import Keys
 from canal_protocol.batch import Batch
@@ -58,12 +75,43 @@ from canal_server.filter import EventFilter
 from canal_server.meta import MetaManager, PositionRange
 from canal_server.store import EventStore, StoredEvent, is_after
 
-__all__ = ["MAX_BATCH_SIZE", "MAX_TIMEOUT_S", "EmbeddedServer"]
+__all__ = [
+    "MAX_BATCH_SIZE",
+    "MAX_TIMEOUT_S",
+    "EmbeddedServer",
+    "Start",
+    "StartBounds",
+    "Subscription",
+]
 
 log = logging.getLogger(__name__)
 
 MAX_BATCH_SIZE = 65536
 MAX_TIMEOUT_S = 300.0
+
+
+Start = Literal["latest", "earliest"] | LogPosition
+
+
+@dataclass(frozen=True)
+class StartBounds:
+    """What a new subscription can start from: ``base``, where the store's contents
+    begin (its first entry lies after it; None: from the first stored entry), and
+    ``latest``, the destination's current end (None: nothing read yet)."""
+
+    base: LogPosition | None
+    latest: LogPosition | None
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """A subscribe's outcome: ``cursor`` is where the client resumes after; ``created``
+    tells a new subscription (its start applied) from a re-subscribe."""
+
+    client: str
+    filter: str
+    cursor: LogPosition | None
+    created: bool
 
 
 @dataclass
@@ -96,10 +144,12 @@ class EmbeddedServer:
         *,
         max_batch_size: int = MAX_BATCH_SIZE,
         max_timeout_s: float = MAX_TIMEOUT_S,
+        start_bounds: Callable[[], StartBounds] | None = None,
     ) -> None:
         self.destination = destination
         self.store = store
         self.meta = meta
+        self._start_bounds = start_bounds or (lambda: StartBounds(None, store.last_position))
         self.max_batch_size = max_batch_size
         self.max_timeout_s = max_timeout_s
         self._lock = threading.Lock()
@@ -111,19 +161,34 @@ class EmbeddedServer:
             store.register(client)
 
     # ---- subscriptions -------------------------------------------------------
-    def subscribe(self, client: str, filter: str = "") -> None:
+    def subscribe(self, client: str, filter: str = "", start: Start = "latest") -> Subscription:
+        """Subscribe; a new subscription starts at ``start`` (see the module doc)."""
         Keys().subscription(self.destination, client)  # InvalidArgument("client_id")
         flt = EventFilter.for_client(filter)
+        _check_start(start)
         with self._lock:
+            created = not self.meta.is_subscribed(client)
             changed = self.meta.subscription(client) != filter
+            cursor = self._register_start(client, start) if created else None
             self.meta.subscribe(client, filter)
+            if cursor is not None:
+                self.meta.update_cursor(client, cursor)
             self.store.register(client)
             state = self._clients.setdefault(client, _ClientState(flt))
+            cursor = self.meta.cursor(client)
         if state.filter is not flt:
             with state.lock:  # never while holding self._lock: lock order is client → server
                 state.filter = flt
-        if changed:
-            log.info("%s: client %s subscribed, filter %r", self.destination, client, filter)
+        if created or changed:  # in etcd before the answer: a new leader keeps the start
+            self.meta.flush()
+        if created:
+            log.info(
+                "%s: client %s subscribed, filter %r, start %s: cursor %s",
+                self.destination, client, filter, start, cursor,
+            )  # fmt: skip
+        elif changed:
+            log.info("%s: client %s changed its filter to %r", self.destination, client, filter)
+        return Subscription(client, filter, cursor, created)
 
     def unsubscribe(self, client: str) -> None:
         """Forget the client's subscription, cursor and batches (idempotent)."""
@@ -251,6 +316,32 @@ class EmbeddedServer:
         return cursor
 
     # ---- internals -------------------------------------------------------------
+    def _register_start(self, client: str, start: Start) -> LogPosition | None:
+        """Register a new client in the store at ``start``; its cursor (None: from the
+        first stored entry)."""
+        bounds = self._start_bounds()
+        if start == "earliest":
+            held = self.store.register(client)
+            return held if held is not None else bounds.base
+        if start == "latest":
+            return self.store.register(client, bounds.latest)
+        assert isinstance(start, LogPosition)
+        if bounds.latest is not None and is_after(start, bounds.latest):
+            raise InvalidArgument(
+                "start", f"{start} lies after the destination's current end {bounds.latest}"
+            )
+        if bounds.base is not None and is_after(bounds.base, start):
+            raise InvalidArgument(
+                "start", f"{start} lies before what the destination holds (from {bounds.base})"
+            )
+        held = self.store.register(client, start)
+        if held != start:
+            self.store.unregister(client)
+            raise InvalidArgument(
+                "start", f"{start} is no longer held; the oldest held change follows {held}"
+            )
+        return start
+
     def _state(self, client: str) -> _ClientState:
         with self._lock:
             state = self._clients.get(client)
@@ -365,3 +456,8 @@ class EmbeddedServer:
         state.acked_seq = seq
         if seq is not None:
             self.store.ack(client, seq)
+
+
+def _check_start(start: object) -> None:
+    if start not in ("latest", "earliest") and not isinstance(start, LogPosition):
+        raise InvalidArgument("start", f'must be "latest", "earliest" or a position, not {start!r}')

@@ -46,11 +46,12 @@ from canal_protocol.errors import (
     CoordinatorUnavailable,
     PositionNotFound,
     PurgedPosition,
+    StartUnavailable,
     StoreClosed,
 )
 from canal_protocol.positions import LogPosition
 from canal_server.config import DestinationConfig, SourceSection, dsn_of
-from canal_server.embedded import EmbeddedServer
+from canal_server.embedded import EmbeddedServer, StartBounds
 from canal_server.filter import EventFilter
 from canal_server.meta.periodic import PeriodicMetaManager
 from canal_server.metrics import InstanceMetrics
@@ -77,8 +78,10 @@ __all__ = [
     "Instance",
     "ReaderStatus",
     "Role",
+    "SourceCheck",
     "build_instance",
     "master_status",
+    "query_master_status",
 ]
 
 log = logging.getLogger(__name__)
@@ -112,20 +115,17 @@ class ReaderStatus:
         }
 
 
-def master_status(dsn: Mapping[str, Any]) -> dict[str, Any] | None:
+def query_master_status(dsn: Mapping[str, Any]) -> dict[str, Any] | None:
     """``{journal, offset, gtid, source_address}`` of the binlog end of ``dsn`` (the
     position first, then ``@@gtid_binlog_pos``, so the GTID is never older); None when
-    the database does not answer within ``BINLOG_END_TIMEOUT_S`` or has no binlog."""
+    the database has no binlog. Raises ``pymysql.err.MySQLError`` or ``OSError`` when
+    it does not answer within ``BINLOG_END_TIMEOUT_S``."""
     conn = {**dsn, "connect_timeout": BINLOG_END_TIMEOUT_S, "read_timeout": BINLOG_END_TIMEOUT_S}
-    try:
-        with binlog_stream.connect(conn) as c, c.cursor() as cur:
-            cur.execute("SHOW MASTER STATUS")
-            row = cur.fetchone()
-            cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
-            gtid = cur.fetchone()
-    except (pymysql.err.MySQLError, OSError) as exc:
-        log.debug("SHOW MASTER STATUS on %s failed: %s", address_of(dsn), exc)
-        return None
+    with binlog_stream.connect(conn) as c, c.cursor() as cur:
+        cur.execute("SHOW MASTER STATUS")
+        row = cur.fetchone()
+        cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
+        gtid = cur.fetchone()
     if not row:
         return None
     return {
@@ -136,29 +136,61 @@ def master_status(dsn: Mapping[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def master_status(dsn: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``query_master_status``, None when the database does not answer."""
+    try:
+        return query_master_status(dsn)
+    except (pymysql.err.MySQLError, OSError) as exc:
+        log.debug("SHOW MASTER STATUS on %s failed: %s", address_of(dsn), exc)
+        return None
+
+
+@dataclass(frozen=True)
+class SourceCheck:
+    """One probe of a source: its binlog end (None: unknown) and the error, if any."""
+
+    address: str
+    end: dict[str, Any] | None
+    error: str = ""
+
+    @property
+    def reachable(self) -> bool:
+        return not self.error
+
+
 class BinlogEndProbe:
-    """``master_status`` of a source, asked at most once per ``ttl_s`` (a failure too)."""
+    """The binlog end of a source, asked at most once per ``ttl_s`` (a failure too).
+
+    ``query`` returns the end (None: none) or raises ``MySQLError``/``OSError`` when
+    the database does not answer: ``check`` then reports it unreachable."""
 
     def __init__(
         self,
-        query: Callable[[Mapping[str, Any]], dict[str, Any] | None] = master_status,
+        query: Callable[[Mapping[str, Any]], dict[str, Any] | None] = query_master_status,
         ttl_s: float = BINLOG_END_TTL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._query, self._ttl_s, self._clock = query, ttl_s, clock
         self._lock = threading.Lock()
-        self._cached: tuple[float, str, dict[str, Any] | None] | None = None
+        self._cached: tuple[float, SourceCheck] | None = None
 
     def get(self, dsn: Mapping[str, Any]) -> dict[str, Any] | None:
+        return self.check(dsn).end
+
+    def check(self, dsn: Mapping[str, Any]) -> SourceCheck:
         address = address_of(dsn)
         with self._lock:  # concurrent callers wait for one query instead of each asking
             cached = self._cached
-            now = self._clock()
-            if cached is not None and cached[1] == address and now - cached[0] < self._ttl_s:
-                return cached[2]
-            value = self._query(dsn)
-            self._cached = (self._clock(), address, value)
-            return value
+            fresh = cached is not None and self._clock() - cached[0] < self._ttl_s
+            if cached is not None and fresh and cached[1].address == address:
+                return cached[1]
+            try:
+                result = SourceCheck(address, self._query(dsn))
+            except (pymysql.err.MySQLError, OSError) as exc:
+                log.debug("SHOW MASTER STATUS on %s failed: %s", address, exc)
+                result = SourceCheck(address, None, f"{type(exc).__name__}: {exc}")
+            self._cached = (self._clock(), result)
+            return result
 
 
 def _point(position: LogPosition) -> dict[str, Any]:
@@ -191,8 +223,8 @@ class _Term:
         self.status = ReaderStatus()
         self.store = EventStore(cfg.name, cfg.memory.buffer_size, cfg.memory.buffer_bytes)
         self.memory = MemoryLogPositionManager()
-        meta_positions = MetaLogPositionManager(lambda d: inst.meta)
-        self.positions = FailbackLogPositionManager(self.memory, meta_positions)
+        self.meta_positions = MetaLogPositionManager(lambda d: inst.meta)
+        self.positions = FailbackLogPositionManager(self.memory, self.meta_positions)
         flt = cfg.filter
         self.sink = EventSink(
             cfg.name,
@@ -205,6 +237,7 @@ class _Term:
         self.finder = PositionFinder(inst.finder_config(), self.positions)
         self.thread: threading.Thread | None = None
         self.started: LogPosition | None = None  # where the reader began (last found)
+        self.base: LogPosition | None = None  # where it began first: the store's start
 
     def _sink_guard(self, inst: Instance) -> Any:
         def sink(entries: Sequence[Entry]) -> None:
@@ -312,6 +345,21 @@ class Instance:
         latest = term.memory.get_latest(self.name) or term.started
         return _point(latest) if latest is not None else None
 
+    def _start_bounds(self, term: _Term) -> StartBounds:
+        """Where a new subscription of this term can start (``EmbeddedServer``): the
+        store begins where the term's reader first began, the end is the reader's
+        position (``reader_position``); before the reader found its start, both are
+        where it will begin: the clients' minimum cursor or the origin."""
+        planned = term.meta_positions.get_latest(self.name)
+        base = term.base or planned
+        latest = term.memory.get_latest(self.name) or term.started or planned
+        if base is None or latest is None:
+            raise StartUnavailable(
+                f"{self.name}: where the destination ends is not known yet (the reader of "
+                f"epoch {term.epoch} is finding its start); retry"
+            )
+        return StartBounds(base, latest)
+
     def binlog_end(self) -> dict[str, Any] | None:
         """The binlog end of the source the current term reads (cached for
         ``BINLOG_END_TTL_S``); None off term or when the database does not answer."""
@@ -319,6 +367,14 @@ class Instance:
         if term is None:
             return None
         return self._binlog_end.get(term.reader.source)
+
+    def database(self) -> dict[str, Any]:
+        """``{reachable, address, error}`` of the database: the one the current term
+        reads, else the configured master; asked with the binlog end (same cache)."""
+        term = self._term
+        dsn = term.reader.source if term is not None else dsn_of(self.config, self.config.master)
+        checked = self._binlog_end.check(dsn)
+        return {"reachable": checked.reachable, "address": checked.address, "error": checked.error}
 
     def store_stats(self) -> tuple[int, int]:
         term = self._term
@@ -332,7 +388,9 @@ class Instance:
         term = _Term(self, epoch)
         with self._lock:
             self._term = term
-        term.server = EmbeddedServer(self.name, term.store, self.meta)
+        term.server = EmbeddedServer(
+            self.name, term.store, self.meta, start_bounds=lambda: self._start_bounds(term)
+        )
         term.thread = threading.Thread(
             target=self._read_loop, args=(term,), name=f"reader {self.name}", daemon=True
         )
@@ -430,6 +488,8 @@ class Instance:
         start = found.position
         self._record_origin(LogPosition(found.identity, start), term)
         term.started = LogPosition(found.identity, start)
+        if term.base is None:
+            term.base = term.started
         term.status = ReaderStatus(
             "running", start={**start.to_dict(), "reasons": [str(r) for r in found.reasons]}
         )

@@ -20,7 +20,8 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,10 +33,40 @@ from canal_protocol.errors import CoordinationError, Fenced, UnknownDestination
 from canal_server.config import NodeConfig
 from canal_server.instance import Instance, Role, build_instance
 from canal_server.metrics import ClientGauge, DestinationGauges, NodeMetrics
+from canal_server.parse import rowcodec
 
-__all__ = ["DestinationView", "Node"]
+__all__ = ["ETCD_CHECK_TTL_S", "DestinationView", "EtcdProbe", "Node"]
 
 log = logging.getLogger(__name__)
+
+
+ETCD_CHECK_TTL_S = 1.0
+
+
+class EtcdProbe:
+    """Whether etcd answers a read (bounded by the coordinator's timeout), asked at
+    most once per ``ttl_s``; concurrent callers wait for the one check under way."""
+
+    def __init__(
+        self, check: Callable[[], object], ttl_s: float = ETCD_CHECK_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        self._check, self._ttl_s, self._clock = check, ttl_s, clock
+        self._lock = threading.Lock()
+        self._cached: tuple[float, dict[str, Any]] | None = None
+
+    def get(self) -> dict[str, Any]:
+        with self._lock:
+            cached = self._cached
+            if cached is not None and self._clock() - cached[0] < self._ttl_s:
+                return cached[1]
+            try:
+                self._check()
+                result: dict[str, Any] = {"reachable": True, "error": ""}
+            except (CoordinationError, OSError) as exc:
+                result = {"reachable": False, "error": f"{type(exc).__name__}: {exc}"}
+            self._cached = (self._clock(), result)
+            return result
 
 
 @dataclass(frozen=True)
@@ -64,6 +95,7 @@ class Node:
         self._lease: Lease | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._etcd = EtcdProbe(lambda: self.coord.get(self.keys.node(self.id)))
         election = config.election.election_config()
         for name, dest in config.destinations.items():
             inst = build_instance(
@@ -96,8 +128,9 @@ class Node:
         for monitor in self.monitors.values():
             monitor.start()
         log.info(
-            "node %s up at %s (destinations: %s)", self.id, self.url, ", ".join(self.instances)
-        )
+            "node %s up at %s (destinations: %s; row decoder: %s)",
+            self.id, self.url, ", ".join(self.instances), rowcodec.decoder_name(),
+        )  # fmt: skip
         return self
 
     def close_serving(self) -> None:
@@ -221,8 +254,9 @@ class Node:
             return 0
 
     def health(self) -> dict[str, Any]:
-        """``/v1/health``; asks each led source for ``binlog_end`` (a few seconds at most
-        when a database hangs, cached for a second)."""
+        """``/v1/health``; asks etcd, and each destination's database (with the led
+        sources' ``binlog_end``), at most once a second each, with short timeouts (a
+        few seconds at most when etcd or a database hangs)."""
         dests: dict[str, Any] = {}
         for name, inst in self.instances.items():
             v = self.view(name)
@@ -237,8 +271,15 @@ class Node:
                 "reader": inst.reader_status().to_dict(),
                 "reader_position": inst.reader_position(),
                 "binlog_end": inst.binlog_end() if v.role is Role.LEADER else None,
+                "database": inst.database(),
             }
-        return {"node": self.id, "url": self.url, "destinations": dests}
+        return {
+            "node": self.id,
+            "url": self.url,
+            "row_decoder": rowcodec.decoder_name(),
+            "etcd": self._etcd.get(),
+            "destinations": dests,
+        }
 
     def cluster(self) -> dict[str, Any]:
         """Nodes and leaders as etcd has them (raises CoordinationError)."""

@@ -15,7 +15,9 @@ bound alone is still admitted when the buffer is empty, so nothing can deadlock.
 * Several clients share the buffer. Each registered client has an ack seq; an
   event is freed once every registered client has acked it (the store's ack
   sequence is the minimum over clients). A newly registered client pins what is
-  stored now. With no client registered nothing is freed.
+  stored now, or only what lies after a given position. With no client registered
+  nothing is freed. ``last_position`` (of the last event put) and ``freed_position``
+  (of the last event freed) stay known after the events are gone.
 * ``stop`` wakes every waiter with StoreClosed.
 
 Thread-safe: one lock, two conditions (readable, writable); nothing polls.
@@ -138,6 +140,8 @@ class EventStore:
         self._bytes = 0
         self._acks: dict[str, int] = {}
         self._closed = False
+        self._last_position: LogPosition | None = None
+        self._freed_position: LogPosition | None = None
 
     # ---- state -------------------------------------------------------------
     def stats(self) -> tuple[int, int]:
@@ -150,6 +154,19 @@ class EventStore:
         """Seq of the last event ever put (0 when none)."""
         with self._lock:
             return self._freed + len(self._events) - self._head
+
+    @property
+    def last_position(self) -> LogPosition | None:
+        """Position of the last event ever put (None when none)."""
+        with self._lock:
+            return self._last_position
+
+    @property
+    def freed_position(self) -> LogPosition | None:
+        """Position of the last event freed (None when none): the first stored event,
+        or the next one put, lies after it."""
+        with self._lock:
+            return self._freed_position
 
     @property
     def first_seq(self) -> int:
@@ -181,6 +198,7 @@ class EventStore:
                 seq = self._freed + len(self._events) - self._head + 1
                 pos = LogPosition(identity, entry.position())
                 self._events.append(StoredEvent(seq, entry, pos, size))
+                self._last_position = pos
                 self._bytes += size
                 done += 1
             if done:
@@ -194,10 +212,25 @@ class EventStore:
         return count < self.buffer_size and self._bytes + size <= self.buffer_bytes
 
     # ---- consumers -----------------------------------------------------------
-    def register(self, client: str) -> None:
-        """Start tracking ``client``'s acks; it pins every event stored now."""
+    def register(self, client: str, after: LogPosition | None = None) -> LogPosition | None:
+        """Start tracking ``client``'s acks; returns the position it starts after.
+
+        ``after`` None: it pins every event stored now and starts after the last freed
+        event (None: nothing was freed). A position: it pins the stored events after
+        it; when some of those were freed already, it starts after the last freed
+        event instead (that position is returned). A client already registered keeps
+        what it pins (``after`` is returned).
+        """
         with self._lock:
-            self._acks.setdefault(client, self._freed)
+            if client in self._acks:
+                return after
+            freed = self._freed_position
+            if after is None or (freed is not None and is_after(freed, after)):
+                self._acks[client] = self._freed
+                return freed
+            idx = self._index_after_position(after)
+            self._acks[client] = self._events[idx - 1].seq if idx > self._head else self._freed
+            return after
 
     def unregister(self, client: str) -> None:
         with self._lock:
@@ -343,6 +376,7 @@ class EventStore:
             return
         for ev in self._events[self._head : self._head + count]:
             self._bytes -= ev.size
+        self._freed_position = self._events[self._head + count - 1].position
         self._head += count
         self._freed = target
         if self._head > 1024 and self._head * 2 > len(self._events):

@@ -179,6 +179,11 @@ class MetaManager(ABC):
     def dirty_since(self, version: int) -> bool:
         return self.version != version
 
+    def flush(self) -> bool:
+        """Make what changed durable now; True if anything was written. In memory:
+        nothing to do. (The etcd-backed manager writes, or raises when it cannot.)"""
+        return False
+
     @abstractmethod
     def origin(self) -> LogPosition | None:
         """Where the destination's history starts: the first leader's start position.

@@ -73,7 +73,7 @@ _HAVE_PACK = HAVE_NATIVE and hasattr(_rowcodec, "pack")
 
 __all__ = [
     "EMPTY_IMAGES", "ENV", "HAVE_NATIVE", "NOGIL_MIN_BYTES", "Packed", "Row", "Side",
-    "TableCodec", "rows_body", "table_codec",
+    "TableCodec", "decoder_name", "rows_body", "table_codec",
 ]  # fmt: skip
 
 Row = tuple[Value, ...]
@@ -261,6 +261,11 @@ def _reference_value(column: Any, spec: decoding.ColumnSpec, raw: bytes) -> Valu
 
 def _use_native() -> bool:
     return HAVE_NATIVE and os.environ.get(ENV, "").lower() != "python"
+
+
+def decoder_name() -> Literal["c", "python"]:
+    """The row decoder new table codecs use: ``c`` (the extension) or ``python``."""
+    return "c" if _use_native() else "python"
 
 
 class TableCodec:

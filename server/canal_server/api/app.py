@@ -1,0 +1,57 @@
+"""The REST pull API of API.md as a FastAPI app: ``create_app(node)``.
+
+* JSON by default, msgpack with ``Accept: application/msgpack`` (request bodies too,
+  with ``Content-Type: application/msgpack``); bytes stay bytes in msgpack and are
+  base64 in JSON.
+* Destination routes answer only on the destination's leader: a standby answers 307
+  (``Location`` = the same path on the leader, ``X-Canal-Leader``); 503 with
+  ``Retry-After`` while no leader is known, the node is fenced or still starting.
+* Every response carries ``X-Canal-Epoch`` (the destination's; on node-wide routes
+  the highest epoch of the node's destinations).
+* Bearer tokens when configured (not for ``/v1/health``, ``/metrics`` and ``/docs``).
+* ``/docs`` is Swagger UI from the package's own files (``canal_server/static``): it
+  works offline.
+* Blocking store calls (long polls) run in a worker thread, never on the event loop.
+* Batches in API.md's ``rows`` layout, or with ``layout=compact`` (what the Python
+  client asks for) each rows entry's ``columns`` once and ``before``/``after`` value
+  lists; compact msgpack batches are joined from the entries' once-made bytes.
+
+Errors are ``{"error": code, "message": ..., "field"?: ..., "leader"?: ...}``:
+400 invalid_argument / bad_body, 413 payload_too_large (a body over 64 KiB), 401
+unauthorized, 404 unknown_destination / unknown_batch / not_found, 405
+method_not_allowed, 409 not_subscribed / batch_not_outstanding, 307 not_leader, 503
+no_leader / fenced / starting / unavailable / etcd_unavailable.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from canal_server.api import errors, routes_destinations, routes_docs, routes_node
+from canal_server.api import models as m
+from canal_server.api.responses import EpochHeader
+from canal_server.node import Node
+
+__all__ = ["create_app"]
+
+
+def create_app(node: Node) -> FastAPI:
+    """The API of ``node``."""
+    app = FastAPI(
+        title="canal-ha",
+        version="1",
+        description=__doc__,
+        responses={401: {"model": m.ErrorBody}},
+        docs_url=None,  # routes_docs serves it from the package's own Swagger UI files
+        redoc_url=None,  # ReDoc would load its script from a CDN
+    )
+    app.state.node = node
+    app.state.tokens = [t.encode() for t in node.config.auth.tokens]
+    errors.install(app)
+    app.mount("/static", StaticFiles(directory=routes_docs.STATIC_DIR), name="static")
+    app.include_router(routes_docs.router)
+    app.include_router(routes_node.router)
+    app.include_router(routes_destinations.router)
+    app.add_middleware(EpochHeader, node=node)
+    return app

@@ -1,0 +1,185 @@
+"""What routes depend on: the bearer-token check, the leader lookup of a destination
+route, request bodies and worker threads.
+
+``LeaderLookup`` (the ``Lead`` dependency) knows the destination and client of a
+request and finds the destination's leader when the route asks (``call``), after it
+read its body: so a bad body is a 400 on any node, and the leader is looked up as late
+as possible. A standby answers 307, a node without a usable leader 503.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+import anyio
+import msgpack
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ValidationError
+
+from canal_cluster.keys import Keys, validate_id
+from canal_protocol.errors import CanalError
+from canal_server.api.encoding import is_msgpack
+from canal_server.api.errors import ApiError, api_error_of, unavailable
+from canal_server.api.openapi import MAX_BODY, ClientPath, DestPath
+from canal_server.embedded import EmbeddedServer
+from canal_server.instance import Role
+from canal_server.node import Node
+
+__all__ = [
+    "Lead",
+    "LeaderLookup",
+    "bearer",
+    "check_token",
+    "in_thread",
+    "leader_lookup",
+    "node_of",
+    "read_body",
+]
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+MAX_THREADS = 256  # long polls waiting at once, per app
+
+bearer = HTTPBearer(auto_error=False, description="when the node has auth.tokens")
+
+
+def node_of(request: Request) -> Node:
+    node: Node = request.app.state.node
+    return node
+
+
+async def check_token(
+    request: Request,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> None:
+    """401 unless the node has no tokens or the request carries one of them."""
+    tokens: list[bytes] = request.app.state.tokens
+    if not tokens:
+        return
+    given = creds.credentials.encode() if creds is not None else b""
+    if not any(hmac.compare_digest(given, t) for t in tokens):
+        raise ApiError(
+            401, "unauthorized", "a valid bearer token is required",
+            headers={"WWW-Authenticate": "Bearer"},
+        )  # fmt: skip
+
+
+async def in_thread(request: Request, fn: Callable[[], T]) -> T:
+    """``fn()`` in a worker thread (blocking store calls never run on the event loop)."""
+    state = request.app.state
+    limiter = getattr(state, "limiter", None)
+    if limiter is None:  # made inside the event loop, on first use
+        limiter = state.limiter = anyio.CapacityLimiter(MAX_THREADS)
+    return await anyio.to_thread.run_sync(fn, limiter=limiter)
+
+
+@dataclass(frozen=True)
+class LeaderLookup:
+    """The destination and client of a request; ``call`` runs on their leader."""
+
+    request: Request
+    destination: str
+    client_id: str
+
+    def leader(self) -> tuple[EmbeddedServer, int]:
+        """(server, epoch) of the destination on this node; else 307 to the leader,
+        503 while none is usable; 400/404 for a bad id or an unknown destination."""
+        d, node = self.destination, node_of(self.request)
+        validate_id(d, "destination")
+        Keys().client_prefix(d, self.client_id)  # InvalidArgument("client_id")
+        serving = node.instance(d).serving()
+        if serving is not None:
+            return serving
+        view = node.view(d)
+        if view.role is Role.STARTING:
+            raise unavailable(  # ready in moments: no wait asked, the client's backoff paces
+                "starting", f"{d}: this node is starting to lead (epoch {view.epoch})", 0
+            )
+        if view.role is Role.FENCED:
+            raise unavailable("fenced", f"{d}: this node is fenced or stopping")
+        leader = view.leader
+        if leader is not None and leader.node != node.id and leader.url:
+            url = self.request.url
+            target = leader.url + url.path + (f"?{url.query}" if url.query else "")
+            raise ApiError(
+                307, "not_leader", f"{d}: node {leader.node} leads (epoch {leader.epoch})",
+                leader=leader.url,
+                headers={"Location": target, "X-Canal-Leader": leader.url,
+                         "X-Canal-Epoch": str(leader.epoch)},
+            )  # fmt: skip
+        raise unavailable("no_leader", f"{d}: no leader is known right now")
+
+    async def call(self, fn: Callable[[EmbeddedServer], T], op: str = "") -> tuple[T, int]:
+        """``fn(server)`` on the leader, in a worker thread; (result, epoch). Errors
+        become answers (``api_error_of``); 503 when the leadership ended meanwhile."""
+        server, epoch = self.leader()
+        try:
+            result = await in_thread(self.request, lambda: fn(server))
+        except CanalError as exc:
+            err = api_error_of(exc, self.destination, op)
+            if err is None:
+                raise
+            raise err from None
+        still = node_of(self.request).instance(self.destination).serving()
+        if still is None or still[1] != epoch:
+            raise unavailable("fenced", f"{self.destination}: leadership of epoch {epoch} ended")
+        return result, epoch
+
+
+async def leader_lookup(
+    request: Request, destination: str = DestPath, client_id: str = ClientPath
+) -> LeaderLookup:
+    return LeaderLookup(request, destination, client_id)
+
+
+Lead = Annotated[LeaderLookup, Depends(leader_lookup)]
+
+
+def _too_large() -> ApiError:
+    return ApiError(413, "payload_too_large", f"body larger than {MAX_BODY} bytes", field="body")
+
+
+async def _read_limited(request: Request) -> bytes:
+    """The body, refused (413) as soon as it is over ``MAX_BODY``: never read whole."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY:
+        raise _too_large()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise _too_large()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _decode(request: Request, raw: bytes) -> Any:
+    if not raw.strip():
+        return {}
+    try:
+        if is_msgpack(request.headers.get("content-type", "")):
+            return msgpack.unpackb(raw, raw=False, strict_map_key=True)
+        return json.loads(raw)
+    except Exception as exc:
+        raise ApiError(400, "bad_body", f"unreadable body: {exc}", field="body") from None
+
+
+async def read_body(request: Request, model: type[M]) -> M:
+    """The JSON or msgpack body as ``model``: 413 over ``MAX_BODY``, 400 naming the
+    field (the body's top-level field) when it does not validate."""
+    data = _decode(request, await _read_limited(request))
+    if not isinstance(data, dict):
+        raise ApiError(400, "bad_body", "the body must be an object", field="body")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        path = ".".join(str(p) for p in e["loc"]) or "body"
+        name = str(e["loc"][0]) if e["loc"] else "body"  # the body's field (`start.position…`)
+        raise ApiError(400, "invalid_argument", f"{path}: {e['msg']}", field=name) from None

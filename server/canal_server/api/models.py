@@ -1,0 +1,292 @@
+"""Request and response models of the REST API (validation and the OpenAPI schema).
+
+Requests are validated strictly (no string → int coercion, unknown fields refused);
+responses are documented here but written by the routes themselves, as JSON or
+msgpack (``Accept: application/msgpack``). In msgpack, binary column values are
+bytes; in JSON they are base64 strings.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from canal_server.embedded import MAX_BATCH_SIZE, MAX_TIMEOUT_S
+
+__all__ = [
+    "LAYOUT_DOC",
+    "MAX_FILTER_LEN",
+    "MAX_INT64",
+    "MAX_TIMEOUT_MS",
+    "START_DOC",
+    "AckOut",
+    "BatchOut",
+    "BatchRequest",
+    "BinlogEndOut",
+    "ClusterOut",
+    "ColumnOut",
+    "ColumnsOut",
+    "CursorOut",
+    "CursorRequest",
+    "DatabaseOut",
+    "DestinationHealth",
+    "EntryOut",
+    "EntryPositionIn",
+    "ErrorBody",
+    "EtcdOut",
+    "HeaderOut",
+    "HealthOut",
+    "IdentityIn",
+    "Layout",
+    "Position",
+    "PositionIn",
+    "ReaderOut",
+    "ReaderPositionOut",
+    "RollbackOut",
+    "RowOut",
+    "SubscriptionOut",
+    "SubscriptionRequest",
+    "UnsubscribeOut",
+]
+
+MAX_TIMEOUT_MS = int(MAX_TIMEOUT_S * 1000)
+Layout = Literal["rows", "compact"]
+LAYOUT_DOC = (
+    "`rows` (default): API.md's entries, each row a list of column objects; `compact`:"
+    " each ROWDATA entry of a rows event has `columns` ({names, mysql_types, keys}) once"
+    " and `before`/`after` as lists of value lists in column order (no `rows`)"
+)
+MAX_FILTER_LEN = 4096
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+MAX_INT64 = 2**63 - 1
+START_DOC = (
+    "where a NEW subscription of this client id starts (also the first one after an "
+    "unsubscribe): `latest` (default) = the destination's current end (the newest position "
+    "the leader's reader has put into its store): only changes after it are delivered; "
+    "`earliest` = just before the oldest change the destination still holds (what no "
+    "client has acked yet, or where the leader's store begins); a position (a cursor, or a "
+    "batch's `start`/`end`): the changes after it, which must lie within what is held "
+    "(else 400 with `field: start`). The start becomes the client's cursor at once (and is "
+    "in etcd before the answer: a new leader keeps it). A re-subscribe never moves the "
+    "cursor: `start` is then ignored."
+)
+
+
+class IdentityIn(_Request):
+    source_address: str = Field(default="", max_length=255, description="host:port")
+    slave_id: int = Field(default=0, ge=0, le=MAX_INT64)
+
+
+class EntryPositionIn(_Request):
+    journal: str = Field(max_length=255, description="binlog file")
+    offset: int = Field(ge=0, le=MAX_INT64, description="where the next event starts")
+    server_id: int = Field(default=0, ge=0, le=MAX_INT64)
+    gtid: str = Field(default="", max_length=MAX_FILTER_LEN)
+    timestamp_ms: int = Field(default=0, ge=0, le=MAX_INT64)
+    included: bool = True
+
+
+class PositionIn(_Request):
+    """A position as ``GET .../cursor`` and batches give it."""
+
+    identity: IdentityIn
+    position: EntryPositionIn
+
+
+class SubscriptionRequest(_Request):
+    filter: str = Field(
+        default="",
+        max_length=MAX_FILTER_LEN,
+        description="comma-separated regexes on schema.table (Canal syntax); empty = all",
+    )
+    start: Literal["latest", "earliest"] | PositionIn = Field(
+        default="latest", description=START_DOC
+    )
+
+
+class BatchRequest(_Request):
+    size: int = Field(default=1000, ge=1, le=MAX_BATCH_SIZE, description="max entries in the batch")
+    timeout_ms: int = Field(default=0, ge=0, le=MAX_TIMEOUT_MS, description="long-poll wait")
+    auto_ack: bool = Field(default=False, description="true: Canal's get (ack at once)")
+    layout: Layout = Field(default="rows", description=LAYOUT_DOC)
+
+
+class CursorRequest(_Request):
+    logfile: str = Field(
+        min_length=1, max_length=512, description="`header.logfile` of the last committed entry"
+    )
+    offset: int = Field(
+        ge=0, le=2**63 - 1, description="`header.offset` (the event's start) of that entry"
+    )
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="machine-readable code, e.g. invalid_argument")
+    message: str
+    field: str | None = Field(default=None, description="the bad input, for invalid_argument")
+    leader: str | None = Field(default=None, description="leader URL, for not_leader")
+
+
+class Position(BaseModel):
+    identity: dict[str, Any]
+    position: dict[str, Any]
+
+
+class ColumnOut(BaseModel):
+    name: str
+    value: Any = Field(description="int, str (DECIMAL, temporal ISO-8601, JSON text), bytes")
+    is_key: bool
+    updated: bool
+    mysql_type: str
+    is_null: bool
+
+
+class RowOut(BaseModel):
+    before: list[ColumnOut]
+    after: list[ColumnOut]
+
+
+class HeaderOut(BaseModel):
+    logfile: str
+    offset: int
+    end_offset: int
+    server_id: int
+    timestamp_ms: int
+    gtid: str
+    schema_: str = Field(alias="schema")
+    table: str
+    event_type: str
+
+
+class ColumnsOut(BaseModel):
+    names: list[str]
+    mysql_types: list[str]
+    keys: list[bool]
+
+
+class EntryOut(BaseModel):
+    type: str = Field(description="TRANSACTIONBEGIN, ROWDATA or TRANSACTIONEND")
+    header: HeaderOut
+    is_ddl: bool
+    sql: str
+    rows: list[RowOut] | None = Field(default=None, description="layout `rows` (the default)")
+    columns: ColumnsOut | None = Field(default=None, description="layout `compact`")
+    before: list[list[Any]] | None = Field(default=None, description="layout `compact`")
+    after: list[list[Any]] | None = Field(default=None, description="layout `compact`")
+
+
+class BatchOut(BaseModel):
+    id: int = Field(description="-1 when nothing arrived within the timeout")
+    entries: list[EntryOut]
+    start: Position | None = None
+    end: Position | None = None
+
+
+class SubscriptionOut(BaseModel):
+    destination: str
+    client_id: str
+    filter: str
+    cursor: Position | None = Field(
+        description="where the client resumes after: its start for a new subscription, "
+        "else its unchanged cursor"
+    )
+    created: bool = Field(description="true: a new subscription (its `start` applied)")
+
+
+class UnsubscribeOut(BaseModel):
+    destination: str
+    client_id: str
+    subscribed: bool
+
+
+class AckOut(BaseModel):
+    acked: int
+
+
+class RollbackOut(BaseModel):
+    rolled_back: int | None = Field(description="the batch id, or null for all")
+
+
+class CursorOut(BaseModel):
+    cursor: Position | None
+
+
+class ReaderOut(BaseModel):
+    state: str = Field(description="idle, finding, running, retrying or failed")
+    error: str = Field(description="last reader error, e.g. a purged binlog position")
+    error_type: str
+    start: dict[str, Any] | None
+
+
+class ReaderPositionOut(BaseModel):
+    journal: str = Field(description="binlog file")
+    offset: int = Field(description="where the next event starts")
+    gtid: str = Field(description="GTID state including the last transaction read")
+    timestamp_ms: int = Field(description="commit time of the last transaction read")
+    source_address: str = Field(description="host:port of the database read")
+
+
+class BinlogEndOut(BaseModel):
+    journal: str = Field(description="SHOW MASTER STATUS: the current binlog file")
+    offset: int = Field(description="SHOW MASTER STATUS: its end")
+    gtid: str = Field(description="@@gtid_binlog_pos, read after the position")
+    source_address: str = Field(description="host:port of the database asked")
+
+
+class DatabaseOut(BaseModel):
+    reachable: bool = Field(
+        description="the database answered SHOW MASTER STATUS (1 s timeouts, cached for 1 s)"
+    )
+    address: str = Field(
+        description="host:port asked: the source the leader reads, else the configured master"
+    )
+    error: str = Field(description="why it is not reachable; empty when it is")
+
+
+class EtcdOut(BaseModel):
+    reachable: bool = Field(
+        description="etcd answered a read within the node's etcd timeout (cached for 1 s)"
+    )
+    error: str = Field(description="why it is not reachable; empty when it is")
+
+
+class DestinationHealth(BaseModel):
+    role: str = Field(description="leader, standby, fenced or starting")
+    epoch: int
+    leader_node: str | None
+    leader_url: str | None
+    reader: ReaderOut
+    reader_position: ReaderPositionOut | None = Field(
+        default=None,
+        description="the newest position the reader has put into the store (everything "
+        "before it is stored or filtered out; its start before the first transaction); "
+        "null when this node does not read the destination",
+    )
+    binlog_end: BinlogEndOut | None = Field(
+        default=None,
+        description="where the source's binlog ends now (cached for 1 s); only on the "
+        "leader, null when the database does not answer",
+    )
+    database: DatabaseOut
+
+
+class HealthOut(BaseModel):
+    node: str
+    url: str
+    row_decoder: Literal["c", "python"] = Field(
+        description="the row decoder this node runs: the C extension, or Python "
+        "(when the extension is missing, or CANAL_ROWCODEC=python)"
+    )
+    etcd: EtcdOut
+    destinations: dict[str, DestinationHealth]
+
+
+class ClusterOut(BaseModel):
+    nodes: list[dict[str, Any]]
+    destinations: dict[str, dict[str, Any]]
