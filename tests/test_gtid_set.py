@@ -3,6 +3,8 @@ checked against a plain set of (uuid, number) pairs with hypothesis."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -36,7 +38,7 @@ def test_text_round_trip_and_canonical_form(model: frozenset[tuple[str, int]]) -
     assert set(s) == set(model)
     assert len(s) == len(model)
     for _, ivs in s.sets:  # sorted, disjoint, not adjacent
-        assert all(b[0] > a[1] + 1 for a, b in zip(ivs, ivs[1:], strict=False))
+        assert all(b[0] > a[1] + 1 for a, b in itertools.pairwise(ivs))
 
 
 @given(model_sets, model_sets)
