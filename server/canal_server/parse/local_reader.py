@@ -216,8 +216,8 @@ class LocalBinlogInspector:
         mysql: GtidSet | None = None
         mariadb: dict[int, str] = {}
         for at, ev in self._dir.events(journal, BINLOG_START_OFFSET, EventDecoder()):
-            if at >= offset:
-                break
+            if at >= offset and not isinstance(ev, _HEADER_EVENTS):
+                break  # the file's header events give the state before all of it
             if isinstance(ev, PreviousGtidsEvent):
                 mysql = (mysql or GtidSet()) | ev.gtids
             elif isinstance(ev, GtidEvent):
@@ -230,6 +230,9 @@ class LocalBinlogInspector:
         if mysql is not None:
             return str(mysql)
         return format_gtid_state(mariadb)
+
+
+_HEADER_EVENTS = (FormatDescriptionEvent, PreviousGtidsEvent, MariadbGtidListEvent)
 
 
 def _gtid_list(ev: Any) -> str:
