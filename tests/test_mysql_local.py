@@ -127,7 +127,7 @@ def test_invisible_columns_unsigned_and_bit(tmp_path: Path) -> None:
             "t1",
             "INSERT",
             (None, {"f1": 1, "f2": 2, "f3": -3, "f4": "4", "f5": b"\x05", "f6": 6000000000}),
-        ),  # fmt: skip
+        ),
         ("t1", "INSERT", (None, old)),
         ("t1", "UPDATE", (old, {**old, "f1": 111, "f2": 222, "f3": -333, "f4": "444"})),
         ("foo", "INSERT", (None, {"a": 4, "b": "foo", "c": 32})),  # BIT(3) b'100', BIT(6)
