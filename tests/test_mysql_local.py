@@ -226,3 +226,16 @@ def test_resume_from_a_position_inside_the_files(tmp_path: Path) -> None:
     assert [r[1] for r in rows(entries)] == ["UPDATE", "DELETE"]
     uuid = "93e95066-a2f4-11ec-9b69-9657f0ae95e2"
     assert entries[0].gtid_state == f"{uuid}:1-4"
+
+
+def test_partial_json_update_is_refused_with_the_reason(tmp_path: Path) -> None:
+    """MySQL 8.0.22 with binlog_row_value_options=PARTIAL_JSON: the rows before it are
+    delivered (names from the CREATE TABLE in the file), the partial update is refused."""
+    name = "rmc__json.binlog.000001"
+    run = Run(tmp_path, [name])
+    with pytest.raises(BinlogConfigError, match="PARTIAL_UPDATE_ROWS_EVENT"):
+        run.until((name, 4011))
+    kinds = [(r[0], r[1]) for r in rows(run.entries)]
+    assert kinds[-1] == ("t", "UPDATE") and set(kinds[:-1]) == {("t", "INSERT")}
+    first = next(rows(run.entries))[2][1]
+    assert first["id"] == 1 and first["name"] == "Joe" and first["age"] == 24

@@ -19,8 +19,9 @@ MySQL event types handled here:
   and log_pos 0 in their headers, so each is given the payload event's own span (start
   and end offset): every entry of a compressed transaction points at its payload event,
   and its end (after the XID) is the payload's end.
-- ``PARTIAL_UPDATE_ROWS_EVENT`` (39): the library's ``PartialUpdateRowsEvent``; the JSON
-  diffs are applied by ``json_diff`` when the rows are decoded.
+- ``PARTIAL_UPDATE_ROWS_EVENT`` (39, ``binlog_row_value_options=PARTIAL_JSON``): refused
+  with a ``BinlogConfigError`` giving the reason (its after image holds JSON diffs, not
+  the values; applying them is not implemented).
 - ``ROWS_QUERY_LOG_EVENT`` (29), ``HEARTBEAT_LOG_EVENT`` (27, 41), and any type this
   decoder does not know (Aurora's 100, ...): returned as ``SkippedEvent`` (nothing to
   deliver, but the position moves past it).
@@ -42,7 +43,7 @@ from pymysqlreplication import event as lib_event
 from pymysqlreplication import row_event as lib_rows
 from pymysqlreplication.packet import BinLogPacketWrapper
 
-from canal_protocol.errors import BinlogError
+from canal_protocol.errors import BinlogConfigError, BinlogError
 from canal_protocol.gtid import GtidSet
 
 __all__ = [
@@ -223,10 +224,12 @@ class EventDecoder:
         self.checksum = False
         self._post_header: tuple[int, ...] | None = None
         self.described = False  # a format description was read
+        self._where = ""
 
     def decode(self, raw: bytes, where: str = "", end: int | None = None) -> list[Any]:
         """The events of one raw event (several for a transaction payload). ``end``
         replaces the header's log_pos (a file reader knows the real offsets)."""
+        self._where = where
         header = read_header(raw)
         if header.size != len(raw):
             raise BinlogError(f"{where}: event size {header.size} but {len(raw)} bytes given")
@@ -286,6 +289,12 @@ class EventDecoder:
         if kind == _PREVIOUS_GTIDS:
             end = len(raw) - (4 if checksum else 0)
             return [PreviousGtidsEvent(span, _previous_gtids(raw[HEADER_LEN:end]))]
+        if kind == _PARTIAL_UPDATE:
+            raise BinlogConfigError(
+                f"{self._where}: a PARTIAL_UPDATE_ROWS_EVENT (binlog_row_value_options="
+                "PARTIAL_JSON): its after image holds JSON diffs, not the row; canal needs "
+                "full row images: set binlog_row_value_options='' on the server"
+            )
         if kind in (_ROWS_QUERY, _HEARTBEAT_V2):
             return [SkippedEvent(span)]
         ev = self._library(raw, checksum)
