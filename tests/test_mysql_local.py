@@ -236,6 +236,9 @@ def test_partial_json_update_is_refused_with_the_reason(tmp_path: Path) -> None:
     with pytest.raises(BinlogConfigError, match="PARTIAL_UPDATE_ROWS_EVENT"):
         run.until((name, 4011))
     kinds = [(r[0], r[1]) for r in rows(run.entries)]
-    assert kinds[-1] == ("t", "UPDATE") and set(kinds[:-1]) == {("t", "INSERT")}
+    inserts = kinds.count(("t", "INSERT"))
+    assert inserts >= 4 and kinds == [("t", "INSERT")] * inserts + [("t", "UPDATE")] * (
+        len(kinds) - inserts
+    )  # the full UPDATE before the partial one is delivered
     first = next(rows(run.entries))[2][1]
     assert first["id"] == 1 and first["name"] == "Joe" and first["age"] == 24
