@@ -186,3 +186,26 @@ def test_extension_check_fails_naming_a_decoder_that_was_not_built(tmp_path: Pat
     (src / "lib" / "pkgx" / "sub" / "_fast.c").unlink()
     done = _check(src, tmp_path, env)
     assert done.returncode == 1 and "no C sources" in done.stderr
+
+
+def test_mysql_compose_variant_validates(tmp_path: Path) -> None:
+    """docker/compose.mysql.yml: MySQL 8.4 with the binlog settings canal needs, and a node
+    whose destination reads MySQL's binlog files (local.dir) from the data volume."""
+    exe = shutil.which("docker-compose")
+    assert exe is not None, "docker-compose is installed by scripts/setup.sh"
+    res = subprocess.run(
+        [exe, "-f", str(DOCKER / "compose.mysql.yml"), "config"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    for needle in ("image: mysql:8.4", "--binlog-row-metadata=FULL", "--binlog-format=ROW",
+                   "--binlog-row-image=FULL", "mysql:/mysql:ro", "canal-node1"):  # fmt: skip
+        assert needle in res.stdout
+    # the node's config is valid once its local.dir exists (the mounted volume)
+    text = (DOCKER / "config" / "mysql-node1.toml").read_text()
+    (tmp_path / "mysql").mkdir()
+    path = tmp_path / "node.toml"
+    path.write_text(text.replace('local.dir = "/mysql"', f'local.dir = "{tmp_path / "mysql"}"'))
+    config = load_config(path)
+    local = config.destinations["example"].local
+    assert local is not None and local.dir == str(tmp_path / "mysql")

@@ -53,6 +53,9 @@ Layout (keys follow Canal's instance.properties where one exists)::
     detecting.interval_s = 3.0
     detecting.retry_threshold = 3
     detecting.timeout_s = 2.0
+    local.dir = ""                        # read binlog files from this directory instead
+    local.schema_file = ""                #   CREATE TABLEs for binlogs without column names
+    local.poll_ms = 500                   #   how often the newest file is checked for more
 
 ``load_config(path)`` raises ``ConfigError(key, reason)``; ``render_toml(data)`` writes
 such a file from a dict (test harnesses, ``canal-ha up``).
@@ -232,6 +235,29 @@ class DetectingSection(_Section):
     timeout_s: float = Field(default=2.0, gt=0)
 
 
+class LocalSection(_Section):
+    """``local.*``: a destination that reads binlog files from a directory (Canal's
+    LocalBinlogEventParser) instead of a server's binlog dump."""
+
+    dir: str
+    schema_file: str = ""
+    poll_ms: int = Field(default=500, ge=10, le=60_000)
+
+    @field_validator("dir")
+    @classmethod
+    def _dir(cls, v: str) -> str:
+        if not v or not Path(v).is_dir():
+            raise ValueError(f"must be a directory of binlog files, got {v!r}")
+        return v
+
+    @field_validator("schema_file")
+    @classmethod
+    def _schema(cls, v: str) -> str:
+        if v and not Path(v).is_file():
+            raise ValueError(f"no such file {v!r}")
+        return v
+
+
 class DestinationConfig(_Section):
     """One destination (Canal's instance)."""
 
@@ -248,6 +274,7 @@ class DestinationConfig(_Section):
     transaction_size: int = Field(default=1024, ge=2, le=1_000_000)
     heartbeat_s: float = Field(default=5.0, gt=0)
     detecting: DetectingSection = DetectingSection()
+    local: LocalSection | None = None
 
     @property
     def effective_slave_id(self) -> int:

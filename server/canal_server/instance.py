@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pymysql
@@ -56,7 +56,8 @@ from canal_server.filter import EventFilter
 from canal_server.meta.periodic import PeriodicMetaManager
 from canal_server.metrics import InstanceMetrics
 from canal_server.parse import binlog_stream
-from canal_server.parse.finder import ConfiguredPosition, DatabaseLink, FinderConfig, PositionFinder
+from canal_server.parse.finder import ConfiguredPosition, FinderConfig, PositionFinder
+from canal_server.parse.local_reader import LOCAL_PREFIX, LocalBinlogReader, LocalReaderConfig
 from canal_server.parse.logposition import (
     FailbackLogPositionManager,
     MemoryLogPositionManager,
@@ -233,7 +234,7 @@ class _Term:
             self.positions,
         )
         self.server: EmbeddedServer | None = None
-        self.reader = BinlogReader(inst.reader_config(), self._sink_guard(inst))
+        self.reader = inst.make_reader(self._sink_guard(inst))
         self.finder = PositionFinder(inst.finder_config(), self.positions)
         self.thread: threading.Thread | None = None
         self.started: LogPosition | None = None  # where the reader began (last found)
@@ -296,11 +297,25 @@ class Instance:
             destination=c.name,
         )
 
+    def make_reader(self, sink: Any) -> BinlogReader | LocalBinlogReader:
+        """The network reader, or the local one for a ``local.dir`` destination."""
+        c, local = self.config, self.config.local
+        if local is None:
+            return BinlogReader(self.reader_config(), sink)
+        config = LocalReaderConfig(
+            local.dir, local.schema_file, local.poll_ms / 1000, c.effective_slave_id,
+            c.transaction_size, c.name,
+        )  # fmt: skip
+        return LocalBinlogReader(config, sink)
+
     def finder_config(self) -> FinderConfig:
         c = self.config
+        master = _configured(c.master) or ConfiguredPosition()
+        if c.local is not None:  # configured positions name files of the directory
+            master = replace(master, address=f"{LOCAL_PREFIX}{c.local.dir}")
         return FinderConfig(
             destination=c.name,
-            master=_configured(c.master) or ConfiguredPosition(),
+            master=master,
             standby=_configured(c.standby),
             gtid_mode=c.gtid_mode,
             fallback_interval_s=c.fallback_interval_s,
@@ -366,6 +381,8 @@ class Instance:
         term = self._term
         if term is None:
             return None
+        if isinstance(term.reader, LocalBinlogReader):
+            return term.reader.binlog_end()
         return self._binlog_end.get(term.reader.source)
 
     def database(self) -> dict[str, Any]:
@@ -481,7 +498,7 @@ class Instance:
     def _read_once(self, term: _Term) -> str:
         reader = term.reader
         term.status = ReaderStatus("finding")
-        link = DatabaseLink.connect(reader.source, self.config.effective_slave_id)
+        link = reader.link()
         found = term.finder.find(link, dump_errors=reader.dump_error_count)
         if term.stop.is_set():
             return RunResult.STOPPED

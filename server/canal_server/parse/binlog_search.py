@@ -13,7 +13,8 @@ transaction boundary at or before a time inside one file or across all files (bi
 the files by first event time, then scan one), and the BEGIN of the transaction that
 contains an offset. A *boundary* is an offset between two transactions (a group, on
 MariaDB, starts at its GTID event and ends after its XID, COMMIT or, for DDL, its one
-statement); the start of a file (offset 4) is a boundary too.
+statement; on MySQL it starts at its GTID or anonymous GTID event, then either
+BEGIN..XID/COMMIT or one statement); the start of a file (offset 4) is a boundary too.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any, Protocol
 
 from pymysqlreplication.event import (
     FormatDescriptionEvent,
+    GtidEvent,
     MariadbGtidEvent,
     QueryEvent,
     RotateEvent,
@@ -36,6 +38,7 @@ from pymysqlreplication.event import (
 from canal_protocol.errors import PositionNotFound, PurgedPosition
 from canal_protocol.positions import journal_seq
 from canal_server.parse import binlog_stream
+from canal_server.parse.event_decoder import AnonymousGtidEvent
 
 __all__ = [
     "BINLOG_START_OFFSET",
@@ -69,6 +72,7 @@ class EventKind(enum.StrEnum):
 
     BEGIN = "begin"  # a transaction's first event (MariaDB GTID event, MySQL BEGIN)
     STANDALONE = "standalone"  # a GTID event whose group is one statement (DDL)
+    GTID = "gtid"  # MySQL GTID / anonymous GTID event: a group starts, BEGIN or a statement follows
     COMMIT = "commit"  # a transaction's last event (XID, COMMIT query)
     QUERY = "query"  # any other statement (DDL; ends a standalone group)
     OTHER = "other"  # rows, table maps, format description, GTID lists, ...
@@ -162,6 +166,8 @@ def classify(ev: Any) -> EventKind:
     """The boundary meaning of a mysql-replication event."""
     if isinstance(ev, MariadbGtidEvent):
         return EventKind.STANDALONE if ev.flags & FL_STANDALONE else EventKind.BEGIN
+    if isinstance(ev, GtidEvent | AnonymousGtidEvent):
+        return EventKind.GTID
     if isinstance(ev, XidEvent):
         return EventKind.COMMIT
     if isinstance(ev, QueryEvent):
@@ -174,7 +180,9 @@ def classify(ev: Any) -> EventKind:
     return EventKind.OTHER
 
 
-_SEARCH_EVENTS = (FormatDescriptionEvent, MariadbGtidEvent, QueryEvent, RotateEvent, XidEvent)
+_SEARCH_EVENTS = (
+    FormatDescriptionEvent, GtidEvent, MariadbGtidEvent, QueryEvent, RotateEvent, XidEvent,
+)  # fmt: skip
 
 
 class StreamEventSource:
@@ -222,6 +230,11 @@ def _next(stream: Any, journal: str, offset: int) -> Any:
 # -- boundaries ---------------------------------------------------------------------------
 
 
+def _after_gtid(ev: BinlogEvent, group: EventKind | None) -> bool:
+    """MySQL's BEGIN belongs to the GTID event before it (the group started there)."""
+    return ev.kind is EventKind.BEGIN and group is EventKind.GTID
+
+
 def _ends_group(ev: BinlogEvent, group: EventKind | None) -> bool:
     """A COMMIT ends any group; another statement ends all but a BEGIN..COMMIT group."""
     return ev.kind is EventKind.COMMIT or (
@@ -236,12 +249,13 @@ def boundaries(events: Iterator[BinlogEvent]) -> Iterator[Boundary]:
     first event (its start offset) and one after its last event (its end offset); a
     statement outside any group is a group of its own.
     """
-    group: EventKind | None = None  # BEGIN or STANDALONE while inside a group
+    group: EventKind | None = None  # BEGIN, STANDALONE or GTID while inside a group
     for ev in events:
         if ev.start == BINLOG_START_OFFSET:
             yield Boundary(BINLOG_START_OFFSET, ev.timestamp, ev.server_id)
-        if ev.kind in (EventKind.BEGIN, EventKind.STANDALONE):
-            yield Boundary(ev.start, ev.timestamp, ev.server_id)
+        if ev.kind in (EventKind.BEGIN, EventKind.STANDALONE, EventKind.GTID):
+            if not _after_gtid(ev, group):
+                yield Boundary(ev.start, ev.timestamp, ev.server_id)
             group = ev.kind
         elif _ends_group(ev, group):
             yield Boundary(ev.end, ev.timestamp, ev.server_id)
@@ -256,8 +270,10 @@ def open_group_start(events: Iterator[BinlogEvent], offset: int) -> int | None:
     for ev in events:
         if ev.start >= offset:
             break
-        if ev.kind in (EventKind.BEGIN, EventKind.STANDALONE):
-            group_start, group = ev.start, ev.kind
+        if ev.kind in (EventKind.BEGIN, EventKind.STANDALONE, EventKind.GTID):
+            if not _after_gtid(ev, group) or group_start is None:
+                group_start = ev.start
+            group = ev.kind
         elif _ends_group(ev, group) and ev.end <= offset:
             group_start, group = None, None
     return group_start

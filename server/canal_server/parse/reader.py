@@ -46,6 +46,7 @@ from canal_protocol.errors import (
 )
 from canal_protocol.positions import EntryPosition, LogIdentity
 from canal_server.parse import binlog_stream
+from canal_server.parse.finder import DatabaseLink
 from canal_server.parse.transaction import Sink, TransactionAssembler, gtid_state_at
 
 __all__ = ["BinlogReader", "DetectingConfig", "ReaderConfig", "RunResult"]
@@ -156,6 +157,10 @@ class BinlogReader:
     def last_position(self) -> EntryPosition | None:
         """End of the last completed transaction read (a resume point)."""
         return self._last
+
+    def link(self) -> DatabaseLink:
+        """The finder's view of the source read now."""
+        return DatabaseLink.connect(self._source, self.config.slave_id)
 
     # -- control
 

@@ -1,11 +1,14 @@
 """Events of one binlog dump → Entries, handed to the sink per transaction.
 
-Entries (Canal style): a transaction is TRANSACTIONBEGIN (its MariadbGtidEvent), one
-ROWDATA per rows event (INSERT/UPDATE/DELETE), TRANSACTIONEND (its XidEvent, or a
-``COMMIT`` query of a non-transactional engine). A standalone GTID event (flag 1,
-DDL and other statements) gives one ROWDATA entry with ``is_ddl=True`` and no
-BEGIN/END, as Canal does; like a TRANSACTIONEND, its ``position()`` is a transaction
-boundary. ``gtid_state`` of every entry is the GTID state including its transaction.
+Entries (Canal style): a transaction is TRANSACTIONBEGIN (MariaDB: its MariadbGtidEvent;
+MySQL: its ``BEGIN`` query, after a GTID or anonymous GTID event), one ROWDATA per rows
+event (INSERT/UPDATE/DELETE), TRANSACTIONEND (its XidEvent, or a ``COMMIT`` query of a
+non-transactional engine). A statement outside BEGIN..COMMIT (MariaDB: a standalone GTID
+event, flag 1; MySQL: a GTID event followed by the statement; DDL and other statements)
+gives one ROWDATA entry with ``is_ddl=True`` and no BEGIN/END, as Canal does; like a
+TRANSACTIONEND, its ``position()`` is a transaction boundary. ``gtid_state`` of every
+entry is the GTID state including its transaction: MariaDB's ``domain-server-seq`` list,
+or MySQL's GTID set (``uuid:1-42``, ``canal_protocol.gtid``).
 
 Transaction splitting: entries are buffered per transaction and handed to ``sink``
 when the transaction ends, or, for a transaction of more than ``transaction_size``
@@ -22,17 +25,25 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pymysqlreplication.event import (
+    GtidEvent,
     HeartbeatLogEvent,
     MariadbGtidEvent,
     QueryEvent,
     RotateEvent,
     XidEvent,
 )
-from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+from pymysqlreplication.row_event import (
+    DeleteRowsEvent,
+    PartialUpdateRowsEvent,
+    UpdateRowsEvent,
+    WriteRowsEvent,
+)
 
 from canal_protocol.entry import Entry, EntryType, EventType, Header
+from canal_protocol.gtid import GtidSet, is_mysql_gtid_set
 from canal_protocol.positions import EntryPosition
 from canal_server.parse import binlog_stream
+from canal_server.parse.event_decoder import AnonymousGtidEvent
 from canal_server.parse.rows import RowsDecoder
 
 __all__ = [
@@ -47,7 +58,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Sink = Callable[[Sequence[Entry]], None]
-_ROW_KINDS = {WriteRowsEvent: "INSERT", UpdateRowsEvent: "UPDATE", DeleteRowsEvent: "DELETE"}
+_ROW_KINDS = {
+    WriteRowsEvent: "INSERT",
+    UpdateRowsEvent: "UPDATE",
+    PartialUpdateRowsEvent: "UPDATE",
+    DeleteRowsEvent: "DELETE",
+}
 _GTID_STANDALONE = 0x01
 
 
@@ -131,7 +147,9 @@ class TransactionAssembler:
         self._size = transaction_size
         self.journal = start.journal
         self.committed = start
-        self._state = parse_gtid_state(gtid_state)
+        self._state = parse_gtid_state("" if is_mysql_gtid_set(gtid_state) else gtid_state)
+        self._gtid_set = GtidSet.parse(gtid_state) if is_mysql_gtid_set(gtid_state) else None
+        self._tx_key = ""  # identifies the open transaction across a reconnect (for skip)
         self._buffer: list[Entry] = []
         self._gtid = ""
         self._in_tx = False
@@ -146,7 +164,7 @@ class TransactionAssembler:
         """What to skip after resuming from ``committed``: the open transaction's
         delivered entries, or the skip not yet reached."""
         if self._in_tx and self.delivered_upto:
-            return (self._gtid, self.delivered_upto)
+            return (self._tx_key, self.delivered_upto)
         return self._skip
 
     def on_event(self, ev: Any) -> None:
@@ -157,6 +175,8 @@ class TransactionAssembler:
             return
         elif isinstance(ev, MariadbGtidEvent):
             self._begin(ev, span)
+        elif isinstance(ev, GtidEvent | AnonymousGtidEvent):
+            self._mysql_gtid(ev, span)
         elif isinstance(ev, XidEvent):
             self._end(span)
         elif isinstance(ev, QueryEvent):
@@ -180,7 +200,7 @@ class TransactionAssembler:
     def _emit(self, entry: Entry) -> None:
         self._index += 1
         gtid, skip_n = self._skip
-        if gtid and gtid == self._gtid and self._index <= skip_n:
+        if gtid and gtid == self._tx_key and self._index <= skip_n:
             self.delivered_upto = self._index
             return  # delivered before the reconnect
         self._buffer.append(entry)
@@ -198,13 +218,29 @@ class TransactionAssembler:
             log.warning("transaction %s has no commit; %s begins", self._gtid, ev.gtid)
         self._gtid = str(ev.gtid)
         self._state[int(ev.domain_id)] = self._gtid
+        self._open(span, standalone=bool(ev.flags & _GTID_STANDALONE))
+
+    def _open(self, span: Any, standalone: bool) -> None:
         self._in_tx = True
+        self._tx_key = self._gtid or f"{self.journal}:{span.start}"
         self._index = 0
         self.delivered_upto = 0
-        self._standalone = bool(ev.flags & _GTID_STANDALONE)
-        if not self._standalone:
+        self._standalone = standalone
+        if not standalone:
             header = self._header(span, event_type=EventType.GTID)
             self._emit(self._entry(EntryType.TRANSACTIONBEGIN, header))
+
+    def _mysql_gtid(self, ev: Any, span: Any) -> None:
+        """MySQL: a GTID (or anonymous GTID) event announces the next transaction; it
+        opens at its BEGIN query, or is one statement (DDL) without BEGIN."""
+        if self._in_tx:
+            log.warning("transaction %s has no commit; a GTID event follows", self._tx_key)
+            self._in_tx = False
+        self._gtid = ""
+        if isinstance(ev, GtidEvent):
+            self._gtid = str(ev.gtid)
+            uuid, _, number = self._gtid.rpartition(":")
+            self._gtid_set = (self._gtid_set or GtidSet()).add(uuid, int(number))
 
     def _end(self, span: Any) -> None:
         if not self._in_tx:
@@ -224,8 +260,14 @@ class TransactionAssembler:
     def _query(self, ev: Any, span: Any) -> None:
         sql = ev.query if isinstance(ev.query, str) else bytes(ev.query).decode("utf-8", "replace")
         word = sql.strip().upper()
-        if word == "BEGIN" or not self._in_tx:
+        if word == "BEGIN":
+            if not self._in_tx:  # MySQL (MariaDB's transactions open at their GTID event)
+                self._open(span, standalone=False)
             return
+        if not self._in_tx:  # a statement of its own (MySQL DDL)
+            if word == "COMMIT":
+                return
+            self._open(span, standalone=True)
         if word == "COMMIT":
             self._end(span)
             return
@@ -244,4 +286,6 @@ class TransactionAssembler:
         self._emit(entry)
 
     def _entry(self, kind: EntryType, header: Header, **kw: Any) -> Entry:
+        if self._gtid_set is not None:
+            return Entry(kind, header, gtid_state=str(self._gtid_set), **kw)
         return Entry(kind, header, gtid_state=format_gtid_state(self._state), **kw)
