@@ -143,7 +143,7 @@ def test_dockerfile_builds_the_c_row_decoder_and_fails_without_it() -> None:
     build = " ".join(stages["build"])
     assert re.search(r"COPY \. /src\b", build), "the whole tree (setup.py, C sources) is copied"
     assert "gcc" in build
-    install = build.index("pip install /src")
+    install = build.index('pip install "/src[server]"')  # a node needs the server extra
     check = build.index("check_c_extensions.py /src")
     assert install < check, "the installed packages are checked, in the build stage"
     node = " ".join(stages["node"])

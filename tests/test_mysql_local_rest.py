@@ -47,7 +47,7 @@ def test_local_destination_serves_every_row_over_rest(
     conn = SimpleConnector(node.url, node.destination, "mysql-fixtures")
     conn.connect()
     try:
-        conn.subscribe(".*\\..*")
+        conn.subscribe(".*\\..*", start="earliest")  # the files predate the subscription
         deadline = time.monotonic() + 60
         while not got or got[-1].position().offset != LAST[1]:
             assert time.monotonic() < deadline, f"only {len(got)} entries arrived"
