@@ -44,6 +44,9 @@ class FakeBinlogs:
     def server_id(self) -> int:
         return 1
 
+    def clock(self) -> int:
+        return max(ev.timestamp for evs in self.files.values() for ev in evs)
+
     def gtid_at(self, journal: str, offset: int) -> str:
         return self.gtid_at_start if journal == next(iter(self.files)) and offset == 4 else "x"
 
@@ -125,3 +128,14 @@ def test_transaction_begin() -> None:
     search = BinlogSearch(fake, fake)
     assert search.transaction_begin("b.1", 426 + 40) == 426
     assert search.transaction_begin("b.1", 426) == 426
+
+
+def test_time_at_an_offset() -> None:
+    """The time of the last event ending at or before an offset; a file's start: the
+    time it began."""
+    fake = FakeBinlogs({"b.1": _file(10, (11, 12), (13, 14))})  # txns: 256..426, 426..596
+    search = BinlogSearch(fake, fake)
+    assert search.time_at("b.1", 4) == 10
+    assert search.time_at("b.1", 256 + 40) == 11  # after the first BEGIN
+    assert search.time_at("b.1", 426) == 12  # after the first commit
+    assert search.time_at("b.1", 596) == 14

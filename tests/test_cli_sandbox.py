@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -43,6 +47,7 @@ def test_up_detach_three_members_standby_then_down(tmp_path: Path) -> None:
         leader = state["destinations"]["example"]["leader"]
         assert leader["url"] in [n["url"] for n in state["nodes"]]
         assert f"leader   {leader['node']} {leader['url']}" in up.stdout
+        assert "standby/error.log" in up.stdout
         health = httpx.get(f"{leader['url']}/v1/health").json()
         assert health["destinations"]["example"]["role"] == "leader"
         box = Sandbox.load(workdir)
@@ -133,3 +138,131 @@ def test_sigterm_on_up_stops_everything(tmp_path: Path) -> None:
     assert proc.returncode == 0, text
     assert "stopped" in text
     assert not any(pid_alive(p) for p in pids)
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def leader_url(workdir: Path) -> str:
+    state = json.loads((workdir / "cluster.json").read_text())
+    return str(state["destinations"]["example"]["leader"]["url"])
+
+
+def row_ids(batch: dict[str, Any]) -> list[int]:
+    return [
+        next(c["value"] for c in r["after"] if c["name"] == "id")
+        for e in batch["entries"]
+        if e["type"] == "ROWDATA"
+        for r in e["rows"]
+    ]
+
+
+def take_rows(url: str, client: str, want: set[int]) -> list[int]:
+    """Get and ack batches of ``client`` until every id in ``want`` was seen."""
+    seen: list[int] = []
+    base = f"{url}/v1/destinations/example/clients/{client}"
+    with httpx.Client(timeout=30) as http:
+        while not want <= set(seen):
+            r = http.post(f"{base}/batches", json={"size": 50, "timeout_ms": 20_000})
+            assert r.status_code == 200, r.text
+            batch = r.json()
+            assert batch["id"] != -1, f"no more rows; got {seen}, want {sorted(want)}"
+            seen += row_ids(batch)
+            assert http.post(f"{base}/batches/{batch['id']}/ack").status_code == 200
+    return seen
+
+
+def test_up_gives_a_writable_app_user_and_the_readme_example_runs(tmp_path: Path) -> None:
+    """cluster.json and `up` give the app user's DSN; the README's `mariadb` and
+    `canal-ha consume` commands run as written (with this sandbox's ports)."""
+    workdir = tmp_path / "app"
+    up = run_cli("up", "--detach", "--workdir", str(workdir), "--nodes", "1")
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        assert "primary/error.log" in up.stdout and "standby/error.log" not in up.stdout
+        state = json.loads((workdir / "cluster.json").read_text())
+        primary = state["mariadb"]["primary"]
+        app = primary["app"]
+        assert app["url"] == f"mysql://{app['user']}:{app['password']}@127.0.0.1:{primary['port']}"
+        assert f"  app      {app['url']}" in up.stdout
+        text = README.read_text()
+        commands = re.findall(r"^\$ (mariadb -h127\.0\.0\.1 -P(\d+) -uapp .*)$", text, re.M)
+        assert commands, "the README shows how to write data with the app user"
+        for command, port in commands:
+            assert f"app      mysql://app:{app['password']}@127.0.0.1:{port}" in text
+            argv = shlex.split(command.replace(f"-P{port}", f"-P{primary['port']}"))
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+            assert res.returncode == 0, res.stderr
+        box = Sandbox.load(workdir)
+        rows = box.primary.execute("SELECT id, customer, amount FROM shop.orders")
+        assert rows == [(1, "ann", Decimal("13.00"))]
+        consume = re.search(r"^\$ (canal-ha consume --etcd (\S+) .*)$", text, re.M)
+        assert consume is not None
+        argv = shlex.split(consume[1].replace(consume[2], state["etcd"]["endpoints"][0]))
+        res = run_cli(*argv[1:])
+        assert res.returncode == 0, res.stderr
+        assert "INSERT shop.orders [id=1, customer='ann'" in res.stdout, res.stdout
+        assert "DELETE shop.orders [id=2, customer='bob'" in res.stdout, res.stdout
+    finally:
+        run_cli("down", "--workdir", str(workdir))
+
+
+def test_up_again_after_down_leads_for_a_client_that_never_acked(tmp_path: Path) -> None:
+    """`down` and `up` again restart MariaDB on a new port (a new source address): the
+    client that never acked pinned the origin there; a leader must still come and
+    deliver what that client has not acked."""
+    workdir = tmp_path / "again"
+    first = run_cli("up", "--detach", "--workdir", str(workdir), "--nodes", "1")
+    assert first.returncode == 0, first.stdout + first.stderr
+    try:
+        old_port = json.loads((workdir / "cluster.json").read_text())["mariadb"]["primary"]
+        sub = f"{leader_url(workdir)}/v1/destinations/example/clients/late/subscription"
+        assert httpx.put(sub, json={"filter": "t_again\\..*"}).status_code == 200
+        Sandbox.load(workdir).primary.execute(
+            "CREATE DATABASE t_again",
+            "CREATE TABLE t_again.t (id INT PRIMARY KEY)",
+            "INSERT INTO t_again.t VALUES (1), (2)",
+        )
+    finally:
+        assert run_cli("down", "--workdir", str(workdir)).returncode == 0
+    again = run_cli("up", "--detach", "--workdir", str(workdir), "--nodes", "1", timeout=240)
+    try:
+        assert again.returncode == 0, again.stdout + again.stderr
+        state = json.loads((workdir / "cluster.json").read_text())
+        assert state["mariadb"]["primary"]["port"] != old_port["port"]
+        url = leader_url(workdir)
+        assert set(take_rows(url, "late", {1, 2})) == {1, 2}
+        Sandbox.load(workdir).primary.execute("INSERT INTO t_again.t VALUES (3)")
+        assert 3 in take_rows(url, "late", {3})
+    finally:
+        run_cli("down", "--workdir", str(workdir))
+
+
+def test_up_prints_the_cause_when_no_node_can_lead(tmp_path: Path) -> None:
+    """A client's acked cursor lies in purged binlogs, and `up` again restarts MariaDB on
+    another port: no node can find where to read. `up` must say why (the node's health
+    and log), stop everything and exit 1, not wait 90 s and say only 'no node leads'."""
+    workdir = tmp_path / "stuck"
+    first = run_cli("up", "--detach", "--workdir", str(workdir), "--nodes", "1")
+    assert first.returncode == 0, first.stdout + first.stderr
+    try:
+        sub = f"{leader_url(workdir)}/v1/destinations/example/clients/stuck/subscription"
+        assert httpx.put(sub, json={"filter": "t_stuck\\..*"}).status_code == 200
+        primary = Sandbox.load(workdir).primary
+        primary.execute(
+            "CREATE DATABASE t_stuck",
+            "CREATE TABLE t_stuck.t (id INT PRIMARY KEY)",
+            "INSERT INTO t_stuck.t VALUES (1)",
+        )
+        assert take_rows(leader_url(workdir), "stuck", {1}) == [1]  # acked: a cursor
+        primary.purge_binary_logs()
+    finally:
+        assert run_cli("down", "--workdir", str(workdir)).returncode == 0
+    again = run_cli("up", "--detach", "--workdir", str(workdir), "--nodes", "1", timeout=240)
+    if again.returncode == 0:
+        run_cli("down", "--workdir", str(workdir))
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "no node leads 'example'" in again.stderr
+    assert "PurgedPosition" in again.stderr and "'stuck'" in again.stderr, again.stderr
+    assert "node1" in again.stderr
+    assert not any(pid_alive(p) for p in recorded_pids(workdir))

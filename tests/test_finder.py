@@ -307,6 +307,38 @@ def test_standby_position_when_connected_to_the_standby(box: Sandbox, timeline: 
     assert found.position.server_id == replica.server_id
 
 
+def _row_time_ms(server: MariaDBServer, row_id: int) -> int:
+    """The event time of the INSERT of ``row_id`` (its ts column is UNIX_TIMESTAMP())."""
+    return int(server.scalar(f"SELECT ts FROM t_finder.t WHERE id = {row_id}")) * 1000
+
+
+def test_every_found_position_carries_its_time(primary: MariaDBServer, timeline: Timeline) -> None:
+    """Time fallback needs a timestamp on every start position (a destination's origin
+    is one): the end gets the database clock, a file position the time of its event."""
+    a, b = timeline.a, timeline.b
+    before = _clock(primary) * 1000
+    end = _finder().find(_link(primary))
+    assert end.reason is R.END
+    assert before <= end.position.timestamp_ms <= _clock(primary) * 1000
+    # Configured journal + offset without a time: the time of the transaction there.
+    _, after_3, _ = _txn_span(primary, b.journal, b.seqs[0])  # row 3's INSERT
+    cfg = _primary_config(primary, journal=b.journal, offset=after_3)
+    found = _finder(master=cfg).find(_link(primary))
+    assert found.reason is R.CONFIG_POSITION
+    assert found.position.timestamp_ms == _row_time_ms(primary, 3)
+    # The start of a file: when the file began (after batch A, by batch B).
+    cfg = _primary_config(primary, journal=b.journal, timestamp_ms=a.after_s * 1000)
+    found = _finder(master=cfg).find(_link(primary))
+    assert found.reason is R.CONFIG_FILE_START
+    assert a.after_s * 1000 < found.position.timestamp_ms <= _row_time_ms(primary, 3)
+    # History without a time (recorded before times were kept): its transaction's time.
+    _, after_4, _ = _txn_span(primary, b.journal, b.seqs[1])
+    old = EntryPosition(b.journal, after_4, primary.server_id)
+    found = _finder(LogPosition(LogIdentity(_address(primary)), old)).find(_link(primary))
+    assert found.reason is R.HISTORY
+    assert found.position.timestamp_ms == _row_time_ms(primary, 4)
+
+
 # -- branches 3 and 4: history -----------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from canal_protocol.positions import EntryPosition, LogIdentity, LogPosition
 from canal_server.meta import MemoryMetaManager, MetaManager
 from canal_server.parse.logposition import (
     FailbackLogPositionManager,
+    Holders,
     LogPositionManager,
     MemoryLogPositionManager,
     MetaLogPositionManager,
@@ -118,3 +119,22 @@ def test_origin_is_part_of_snapshot_and_version() -> None:
     again = MemoryMetaManager("d")
     again.restore(type(snap).from_dict(snap.to_dict()))
     assert again.origin() == origin
+
+
+def test_holders_of_the_latest_position() -> None:
+    """Who pins where a new leader starts: acked cursors, or the origin (and the clients
+    that have no cursor yet)."""
+    meta = MemoryMetaManager("d")
+    mgr = MetaLogPositionManager(lambda d: meta)
+    origin, p1, p2 = (position_of(e) for e in EntryFactory().rows(3))
+    meta.set_origin(origin)
+    assert mgr.holders("d", origin) == Holders(origin=True)
+    meta.subscribe("fresh", "")
+    meta.subscribe("acked", "")
+    meta.update_cursor("acked", p1)
+    meta.subscribe("also", "")
+    meta.update_cursor("also", p1)
+    assert mgr.holders("d", origin) == Holders(origin=True, without_cursor=("fresh",))
+    assert mgr.holders("d", p1) == Holders(cursors=("acked", "also"))
+    assert mgr.holders("d", p2) == Holders()
+    assert MetaLogPositionManager(lambda d: None).holders("d", p1) == Holders()

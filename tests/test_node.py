@@ -3,11 +3,14 @@ config refused at start, TLS."""
 
 from __future__ import annotations
 
+import json
 import ssl
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import httpx
@@ -18,6 +21,9 @@ from canal_cluster.etcd_coordinator import EtcdCoordinator
 from canal_cluster.keys import Keys
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
+from canal_protocol.positions import EntryPosition, LogIdentity, LogPosition
+from canal_server.meta import ClientMeta, MetaSnapshot
+from canal_server.meta.periodic import encode_meta
 
 DB = "t_node"
 Cluster = Callable[..., list[NodeProc]]
@@ -151,6 +157,108 @@ def test_leader_killed_before_any_ack_loses_nothing(
             seen += ids_of(batch)
             assert http.post(f"{base('c2')}/batches/{batch['id']}/ack").status_code == 200
     assert seen == [1, 2, 3, 4, 5, 6]
+
+
+def _seed_meta(
+    coord: EtcdCoordinator,
+    prefix: str,
+    origin: LogPosition | None,
+    cursors: dict[str, LogPosition | None],
+) -> None:
+    """Write a destination's meta into etcd as an earlier leader would have left it."""
+    clients = {c: ClientMeta(cursor=cursor) for c, cursor in cursors.items()}
+    snapshot = MetaSnapshot(DEST, MappingProxyType(clients), origin=origin)
+    for key, value in encode_meta(Keys(prefix), snapshot).items():
+        coord.put(key, value)
+
+
+def _db_clock_ms(sandbox: Sandbox) -> int:
+    return int(sandbox.primary.scalar("SELECT UNIX_TIMESTAMP()")) * 1000
+
+
+def _stored_origin(coord: EtcdCoordinator, prefix: str) -> LogPosition | None:
+    kv = coord.get(Keys(prefix).origin(DEST))
+    return LogPosition.from_dict(json.loads(kv.value)) if kv is not None else None
+
+
+def _reader_of(node: NodeProc) -> dict[str, Any]:
+    health = node.health()
+    return dict(health["destinations"][DEST]["reader"]) if health else {}
+
+
+def test_origin_is_recorded_with_the_database_time(
+    node_cluster: Cluster,  # noqa: F811
+    coord: EtcdCoordinator,
+    sandbox: Sandbox,
+) -> None:
+    """Time fallback (another source) needs the origin's time; 0 would pin it for good."""
+    before = _db_clock_ms(sandbox)
+    leader = wait_leader(node_cluster(1))
+    wait_until(lambda: _stored_origin(coord, leader.prefix) is not None, "origin", WAIT_S)
+    origin = _stored_origin(coord, leader.prefix)
+    assert origin is not None
+    assert origin.identity.source_address == f"127.0.0.1:{sandbox.primary.port}"
+    assert before <= origin.position.timestamp_ms <= _db_clock_ms(sandbox), origin
+
+
+def test_origin_without_time_on_another_source_starts_anew_and_says_so(
+    node_cluster: Cluster,  # noqa: F811
+    coord: EtcdCoordinator,
+    sandbox: Sandbox,
+    table: Any,
+) -> None:
+    """An origin recorded without a time (older versions) on a source that is gone, held
+    by a client that never acked: the leader starts anew instead of failing for good,
+    and says so in /v1/health and its log."""
+    prefix = f"/t{uuid.uuid4().hex[:12]}"
+    gone = LogPosition(LogIdentity("127.0.0.1:1"), EntryPosition("mariadb-bin.000001", 4, 1))
+    _seed_meta(coord, prefix, gone, {"early": None})
+    regex = {"filter": {"regex": f"{DB}\\..*"}}
+    nodes = node_cluster(1, etcd={"prefix": prefix}, destination=regex)
+    leader = wait_leader(nodes)
+    warning = _reader_of(leader)["warning"]
+    assert "127.0.0.1:1" in warning and "early" in warning, warning
+    origin = _stored_origin(coord, prefix)
+    assert origin is not None and origin != gone
+    assert origin.identity.source_address == f"127.0.0.1:{sandbox.primary.port}"
+    assert origin.position.timestamp_ms > 0
+    assert "ERROR" in leader.log_tail(200) and "127.0.0.1:1" in leader.log_tail(200)
+    for i in (1, 2):
+        table.execute(f"INSERT INTO {DB}.t VALUES ({i})")
+    seen: list[int] = []
+    with leader.client() as http:
+        while len(seen) < 2:
+            batch = get_rows(http, "early", size=10)
+            seen += ids_of(batch)
+            assert http.post(f"{base('early')}/batches/{batch['id']}/ack").status_code == 200
+    assert seen == [1, 2]
+
+
+def test_cursor_that_cannot_be_found_names_its_client_until_unsubscribed(
+    node_cluster: Cluster,  # noqa: F811
+    coord: EtcdCoordinator,
+    sandbox: Sandbox,
+) -> None:
+    """An acked cursor whose binlog is gone: no silent skip; /v1/health names the client
+    and the way forward, and unsubscribing it lets the leader read again."""
+    prefix = f"/t{uuid.uuid4().hex[:12]}"
+    here = LogIdentity(f"127.0.0.1:{sandbox.primary.port}")
+    purged = LogPosition(here, EntryPosition("mariadb-bin.000000", 4, 1, "", 1000))
+    _seed_meta(coord, prefix, None, {"stuck": purged})
+    nodes = node_cluster(1, etcd={"prefix": prefix})
+    node = nodes[0]
+
+    def failed() -> bool:
+        return bool(_reader_of(node).get("state") == "failed")
+
+    wait_until(failed, "the reader reports the lost cursor", WAIT_S)
+    reader = _reader_of(node)
+    assert reader["error_type"] == "PurgedPosition"
+    assert "'stuck'" in reader["error"], reader
+    assert f"DELETE /v1/destinations/{DEST}/clients/stuck/subscription" in reader["error"]
+    with node.client() as http:
+        assert http.delete(f"{base('stuck')}/subscription").status_code == 200
+    assert wait_leader(nodes) is node
 
 
 def test_sigterm_exits_0_releases_and_restarts_cleanly(

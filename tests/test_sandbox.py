@@ -53,6 +53,29 @@ def test_binlog_settings_and_users(sandbox: Sandbox) -> None:
         assert cur.fetchone() is not None
 
 
+def test_app_user_creates_a_schema_and_writes(sandbox: Sandbox) -> None:
+    """The state (cluster.json) names a read-write application user for test data."""
+    primary = sandbox.state()["mariadb"]["primary"]
+    app = primary["app"]
+    assert app["url"] == f"mysql://{app['user']}:{app['password']}@127.0.0.1:{primary['port']}"
+    with (
+        pymysql.connect(
+            host="127.0.0.1", port=primary["port"], user=app["user"], password=app["password"]
+        ) as conn,
+        conn.cursor() as cur,
+    ):
+        cur.execute("DROP DATABASE IF EXISTS t_app")
+        cur.execute("CREATE DATABASE t_app")
+        cur.execute("CREATE TABLE t_app.a (id INT PRIMARY KEY)")
+        cur.execute("INSERT INTO t_app.a VALUES (1)")
+        conn.commit()
+        for admin in ("CREATE USER 'intruder'@'%'", "CREATE TABLE mysql.evil (id INT)"):
+            with pytest.raises(pymysql.err.MySQLError, match="denied"):
+                cur.execute(admin)  # no administration, system schemas read-only
+    assert sandbox.primary.execute("SELECT id FROM t_app.a") == [(1,)]
+    sandbox.primary.execute("DROP DATABASE t_app")
+
+
 def test_row_reaches_standby_with_same_gtid(sandbox: Sandbox) -> None:
     p, r = sandbox.primary, sandbox.replica
     p.execute(

@@ -27,6 +27,11 @@ __all__ = ["DEFAULT_WORKDIR", "demo", "down", "register", "up"]
 DEFAULT_WORKDIR = Path(".canal-ha")
 DESTINATION = "example"
 NODE_READY_S = 90.0
+FRESH_HINT = (
+    "\n(a workdir keeps its MariaDB data and etcd state (clients, cursors, origin) across "
+    "`down` and `up`; everything is stopped now: to start from scratch, remove {0} or "
+    "use another --workdir)"
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -108,11 +113,14 @@ def print_summary(box: Sandbox, nodes: list[dict[str, Any]]) -> None:
         if db is not None:
             d = db.dsn()
             rows.append((db.name, f"{d['url']}  server_id={d['server_id']}  pid {db.process.pid}"))
+    rows.append(("app", f"{box.primary.app_dsn()['url']}  (read-write: write your data here)"))
     for n in nodes:
         rows.append((n["name"], f"{n['url']}  pid {n['pid']}  config {n['config']}"))
     rows.append(("state", str(box.workdir / STATE_FILE)))
-    logs = "{etcd/*/etcd.log,primary/error.log,standby/error.log,nodes/*.log}"
-    rows.append(("logs", f"{box.workdir}/{logs}"))
+    logs = ["etcd/*/etcd.log", "primary/error.log"]
+    logs += ["standby/error.log"] if box.standby_db is not None else []
+    logs += ["nodes/*.log"] if nodes else []
+    rows.append(("logs", f"{box.workdir}/{{{','.join(logs)}}}"))
     for key, value in rows:
         say(f"  {key:<8} {value}")
 
@@ -161,36 +169,68 @@ def start_nodes(box: Sandbox, count: int) -> list[dict[str, Any]]:
     return nodes
 
 
-def _leader_of(nodes: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _poll(nodes: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str]:
+    """(the leader whose reader runs, else None; why a leader cannot read, else "")."""
     import httpx
 
+    failed = ""
     for n in nodes:
         try:
             health = httpx.get(f"{n['url']}/v1/health", timeout=2).json()
         except (httpx.HTTPError, ValueError):
             continue
         d = health["destinations"][DESTINATION]
-        if d["role"] == "leader" and d["reader"]["state"] == "running":
-            return {"node": n["name"], "url": n["url"], "epoch": d["epoch"]}
-    return None
+        reader = d["reader"]
+        if d["role"] == "leader" and reader["state"] == "running":
+            return {"node": n["name"], "url": n["url"], "epoch": d["epoch"]}, ""
+        if d["role"] == "leader" and reader["state"] == "failed":
+            error = f"{reader['error_type']}: {reader['error']}"
+            failed = f"{n['name']} leads it but cannot read: {error}"
+    return None, failed
+
+
+def _leader_of(nodes: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return _poll(nodes)[0]
 
 
 def wait_for_leader(box: Sandbox, nodes: list[dict[str, Any]]) -> dict[str, Any]:
-    found: list[dict[str, Any]] = []
+    """The node leading ``example`` with its reader running. Gives up (SandboxStartError
+    with the cause from the nodes' health and logs) after ``NODE_READY_S``, or at once
+    when every node exited or the leader's reader failed (the operator must act)."""
+    seen: dict[str, Any] = {"leader": None, "cause": ""}
+    names = {n["name"] for n in nodes}
 
-    def ready() -> bool:
-        leader = _leader_of(nodes)
-        found[:] = [leader] if leader else []
-        return leader is not None
+    def settled() -> bool:
+        seen["leader"], seen["cause"] = _poll(nodes)
+        if not any(p.is_running() for p in box.processes() if p.name in names):
+            seen["cause"] = "every node exited"
+        return seen["leader"] is not None or bool(seen["cause"])
 
     try:
-        wait_until(ready, f"a leader of {DESTINATION}", NODE_READY_S)
+        wait_until(settled, f"a leader of {DESTINATION}", NODE_READY_S)
     except RetryExhausted:
-        raise SandboxStartError(
-            "server nodes", f"no node leads {DESTINATION!r}", str(box.workdir / "nodes")
-        ) from None
-    _write_nodes(box, nodes, found[0])
-    return found[0]
+        seen["cause"] = f"none within {NODE_READY_S:.0f}s"
+    if seen["leader"] is None:
+        reason = f"no node leads {DESTINATION!r}: {seen['cause']}{_log_errors(box, nodes)}"
+        raise SandboxStartError("server nodes", reason + FRESH_HINT.format(box.workdir))
+    _write_nodes(box, nodes, seen["leader"])
+    return dict(seen["leader"])
+
+
+def _log_errors(box: Sandbox, nodes: list[dict[str, Any]], per_node: int = 3) -> str:
+    """The last ERROR lines of each node's log since its last start (else its last lines)."""
+    out = [f"\nlast errors in the node logs ({box.workdir / 'nodes'}):"]
+    for n in nodes:
+        try:
+            text = Path(n["log"]).read_text(errors="replace")
+        except OSError as exc:
+            out.append(f"  {n['name']}: cannot read {n['log']}: {exc}")
+            continue
+        lines = text[text.rfind("\n--- start ") + 1 :].splitlines()[1:]
+        errors = [line for line in lines if " ERROR " in line or " CRITICAL " in line]
+        for line in (errors or lines)[-per_node:]:
+            out.append(f"  {n['name']}: {line[:800]}")
+    return "\n".join(out)
 
 
 def _write_nodes(box: Sandbox, nodes: list[dict[str, Any]], leader: dict[str, Any] | None) -> None:

@@ -9,7 +9,10 @@ callbacks. Per leadership term (a ``_Term``) it owns::
 
 * gained: activate the PeriodicMetaManager (loads subscriptions, cursors and marks
   from etcd), build the store and the EmbeddedServer (it registers the restored
-  clients), then the reader thread finds the start position and reads;
+  clients), then the reader thread finds the start position and reads; when the
+  latest position cannot be found on the source and only the destination's origin
+  pins it, the destination starts anew (new origin, ``warning`` in the reader status);
+  an acked cursor that pins it fails naming the client and how to unsubscribe it;
 * lost / fenced: stop serving and parsing at once (store closed → waiting long polls
   end, reader stopped, the sink refuses anything once the monitor no longer vouches
   for the epoch), forget the memory position of the thrown-away store, final meta
@@ -56,10 +59,18 @@ from canal_server.filter import EventFilter
 from canal_server.meta.periodic import PeriodicMetaManager
 from canal_server.metrics import InstanceMetrics
 from canal_server.parse import binlog_stream
-from canal_server.parse.finder import ConfiguredPosition, FinderConfig, PositionFinder
+from canal_server.parse.binlog_search import OPERATOR_HINT
+from canal_server.parse.finder import (
+    ConfiguredPosition,
+    DatabaseLink,
+    FinderConfig,
+    FoundPosition,
+    PositionFinder,
+)
 from canal_server.parse.local_reader import LOCAL_PREFIX, LocalBinlogReader, LocalReaderConfig
 from canal_server.parse.logposition import (
     FailbackLogPositionManager,
+    Holders,
     MemoryLogPositionManager,
     MetaLogPositionManager,
 )
@@ -100,12 +111,14 @@ class Role(enum.StrEnum):
 
 @dataclass(frozen=True)
 class ReaderStatus:
-    """What the reader of the current term is doing; ``error`` is for operators."""
+    """What the reader of the current term is doing; ``error`` is for operators, and so
+    is ``warning`` (the term went on in a way that may have skipped changes)."""
 
     state: str = "idle"  # idle | finding | running | retrying | failed
     error: str = ""
     error_type: str = ""
     start: dict[str, Any] | None = None
+    warning: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,6 +126,7 @@ class ReaderStatus:
             "error": self.error,
             "error_type": self.error_type,
             "start": self.start,
+            "warning": self.warning,
         }
 
 
@@ -205,6 +219,26 @@ def _point(position: LogPosition) -> dict[str, Any]:
     }
 
 
+class _NoHistory:
+    """``LatestPositions`` of a destination that starts anew."""
+
+    def get_latest(self, destination: str) -> LogPosition | None:
+        return None
+
+
+def _unsubscribe_hint(destination: str, clients: Sequence[str]) -> str:
+    """The way forward when acked cursors cannot be found on the source."""
+    routes = ", ".join(
+        f"DELETE /v1/destinations/{destination}/clients/{c}/subscription" for c in clients
+    )
+    names = ", ".join(repr(c) for c in clients)
+    return (
+        f"; it is the acked cursor of client {names}: to go on without the changes it has "
+        f"not read, unsubscribe it ({routes}; subscribed again, it starts at the "
+        f"destination's origin)"
+    )
+
+
 def _configured(source: SourceSection | None) -> ConfiguredPosition | None:
     if source is None:
         return None
@@ -222,6 +256,7 @@ class _Term:
         self.stop = threading.Event()
         self.ready = False
         self.status = ReaderStatus()
+        self.warning = ""  # kept in every status of this term once set
         self.store = EventStore(cfg.name, cfg.memory.buffer_size, cfg.memory.buffer_bytes)
         self.memory = MemoryLogPositionManager()
         self.meta_positions = MetaLogPositionManager(lambda d: inst.meta)
@@ -239,6 +274,11 @@ class _Term:
         self.thread: threading.Thread | None = None
         self.started: LogPosition | None = None  # where the reader began (last found)
         self.base: LogPosition | None = None  # where it began first: the store's start
+
+    def set_status(
+        self, state: str, error: str = "", error_type: str = "", start: Any = None
+    ) -> None:
+        self.status = ReaderStatus(state, error, error_type, start, self.warning)
 
     def _sink_guard(self, inst: Instance) -> Any:
         def sink(entries: Sequence[Entry]) -> None:
@@ -469,9 +509,7 @@ class Instance:
                     break
                 fatal = isinstance(exc, PurgedPosition | BinlogConfigError | PositionNotFound)
                 wait = FATAL_RETRY_S if fatal else next(delays)
-                term.status = ReaderStatus(
-                    "failed" if fatal else "retrying", str(exc), type(exc).__name__
-                )
+                term.set_status("failed" if fatal else "retrying", str(exc), type(exc).__name__)
                 if self.metrics is not None:
                     self.metrics.reader_error()
                 log.error(
@@ -479,14 +517,15 @@ class Instance:
                     self.name, term.epoch, wait, type(exc).__name__, exc,
                 )  # fmt: skip
                 term.stop.wait(wait)
-        term.status = ReaderStatus(
-            "idle", term.status.error, term.status.error_type, term.status.start
-        )
+        term.set_status("idle", term.status.error, term.status.error_type, term.status.start)
 
-    def _record_origin(self, origin: LogPosition, term: _Term) -> None:
+    def _record_origin(self, origin: LogPosition, term: _Term, anew: bool = False) -> None:
         """The first leader of a destination records where its history starts, at once:
-        a client that has not acked yet counts as being there (MetaLogPositionManager)."""
-        if self.meta.origin() is not None:
+        a client that has not acked yet counts as being there (MetaLogPositionManager).
+        An origin recorded without a time gets it once a leader finds it; ``anew``
+        replaces the origin (it cannot be found any more)."""
+        current = self.meta.origin()
+        if current is not None and not anew and not _gains_time(current, origin):
             return
         self.meta.set_origin(origin)
         try:
@@ -497,9 +536,9 @@ class Instance:
 
     def _read_once(self, term: _Term) -> str:
         reader = term.reader
-        term.status = ReaderStatus("finding")
+        term.set_status("finding")
         link = reader.link()
-        found = term.finder.find(link, dump_errors=reader.dump_error_count)
+        found = self._find(term, link, reader.dump_error_count)
         if term.stop.is_set():
             return RunResult.STOPPED
         start = found.position
@@ -507,11 +546,61 @@ class Instance:
         term.started = LogPosition(found.identity, start)
         if term.base is None:
             term.base = term.started
-        term.status = ReaderStatus(
+        term.set_status(
             "running", start={**start.to_dict(), "reasons": [str(r) for r in found.reasons]}
         )
         log.info("%s: reading from %s (epoch %d)", self.name, start, term.epoch)
         return reader.run(start)
+
+    def _find(self, term: _Term, link: DatabaseLink, dump_errors: int) -> FoundPosition:
+        """The finder's start position. When the latest position cannot be found on this
+        source (purged, or another source and no time to fall back by): if only the
+        origin pins it, start the destination anew (``_start_anew``); if acked cursors
+        do, fail naming those clients and how to unsubscribe them."""
+        anew = False
+        while True:
+            try:
+                return term.finder.find(link, dump_errors=dump_errors)
+            except (PositionNotFound, PurgedPosition) as exc:
+                history = term.positions.get_latest(self.name)
+                if history is None or term.memory.get_latest(self.name) is not None:
+                    raise
+                holders = term.meta_positions.holders(self.name, history)
+                if anew or not holders.origin_only:
+                    hint = _unsubscribe_hint(self.name, holders.cursors) if holders.cursors else ""
+                    raise type(exc)(f"{exc}{hint}") from exc
+                self._start_anew(term, link, history, holders, exc)
+                anew = True
+
+    def _start_anew(
+        self,
+        term: _Term,
+        link: DatabaseLink,
+        lost: LogPosition,
+        holders: Holders,
+        exc: Exception,
+    ) -> None:
+        """The origin cannot be found: find a start as a new destination would (the
+        configured position, else the binlog end), record it as the origin, and say so
+        loudly: clients that never acked may miss changes made before it."""
+        found = PositionFinder(self.finder_config(), _NoHistory()).find(link)
+        self._record_origin(found.log_position, term, anew=True)
+        clients = ", ".join(repr(c) for c in holders.without_cursor) or "none yet"
+        cause = str(exc).removesuffix(f"; {OPERATOR_HINT}")
+        term.warning = (
+            f"the origin {lost.position} of {lost.identity.source_address} cannot be found "
+            f"on {link.address} ({type(exc).__name__}: {cause}); the destination started "
+            f"anew at {found.position} ({found.reason}): clients that never acked "
+            f"({clients}) miss the changes before it"
+        )
+        log.error("%s: %s (epoch %d)", self.name, term.warning, term.epoch)
+
+
+def _gains_time(current: LogPosition, found: LogPosition) -> bool:
+    """``found`` is ``current`` (recorded without a time) with its time now known."""
+    a, b = current.position, found.position
+    same = current.identity == found.identity and (a.journal, a.offset) == (b.journal, b.offset)
+    return same and a.timestamp_ms <= 0 < b.timestamp_ms
 
 
 def build_instance(

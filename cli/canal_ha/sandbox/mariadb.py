@@ -19,10 +19,20 @@ from canal_cluster.retry import wait_until
 from canal_ha.sandbox.process import ManagedProcess, ProcessRecord
 from canal_protocol.errors import RetryExhausted, SandboxStartError
 
-__all__ = ["CANAL_PASSWORD", "CANAL_USER", "REPL_PASSWORD", "REPL_USER", "MariaDBServer"]
+__all__ = [
+    "APP_PASSWORD",
+    "APP_USER",
+    "CANAL_PASSWORD",
+    "CANAL_USER",
+    "REPL_PASSWORD",
+    "REPL_USER",
+    "MariaDBServer",
+]
 
 REPL_USER, REPL_PASSWORD = "repl", "repl-secret"
 CANAL_USER, CANAL_PASSWORD = "canal", "canal-secret"
+APP_USER, APP_PASSWORD = "app", "app-secret"  # read-write: where users write test data
+SYSTEM_SCHEMAS = ("mysql", "sys", "performance_schema")  # read-only for the app user
 
 # What canal needs from the server (DEVELOPERS.md / STACK-NOTES.md).
 BINLOG_FLAGS = (
@@ -125,6 +135,16 @@ class MariaDBServer:
             "url": f"mysql://{CANAL_USER}:{CANAL_PASSWORD}@127.0.0.1:{self.port}",
         }
 
+    def app_dsn(self) -> dict[str, Any]:
+        """The read-write application user over TCP: where test data is written."""
+        return {
+            "host": "127.0.0.1",
+            "port": self.port,
+            "user": APP_USER,
+            "password": APP_PASSWORD,
+            "url": f"mysql://{APP_USER}:{APP_PASSWORD}@127.0.0.1:{self.port}",
+        }
+
     # -- lifecycle -------------------------------------------------------------
 
     def initialize(self) -> None:
@@ -223,7 +243,9 @@ class MariaDBServer:
         return rows[0][0] if rows else None
 
     def create_users(self) -> None:
-        """The replication user (for replicas) and the canal user (for server nodes)."""
+        """The replication user (for replicas), the canal user (for server nodes) and the
+        app user: every privilege on the databases but the system schemas (create schemas
+        and tables, write rows), none on the server (no users, no replication)."""
         self.execute(
             f"CREATE USER IF NOT EXISTS '{REPL_USER}'@'127.0.0.1' IDENTIFIED BY '{REPL_PASSWORD}'",
             f"GRANT REPLICATION SLAVE ON *.* TO '{REPL_USER}'@'127.0.0.1'",
@@ -231,6 +253,10 @@ class MariaDBServer:
             f"IDENTIFIED BY '{CANAL_PASSWORD}'",
             f"GRANT SELECT, REPLICATION SLAVE, BINLOG MONITOR, SLAVE MONITOR ON *.* "
             f"TO '{CANAL_USER}'@'127.0.0.1'",
+            f"CREATE USER IF NOT EXISTS '{APP_USER}'@'127.0.0.1' IDENTIFIED BY '{APP_PASSWORD}'",
+            f"GRANT ALL PRIVILEGES ON `%`.* TO '{APP_USER}'@'127.0.0.1'",
+            # an exact name wins over `%`: the system schemas stay read-only for app
+            *(f"GRANT SELECT ON `{db}`.* TO '{APP_USER}'@'127.0.0.1'" for db in SYSTEM_SCHEMAS),
         )
 
     def replicate_from(self, primary: MariaDBServer) -> None:

@@ -135,7 +135,7 @@ class Sandbox:
                 "members": [_member_state(m) for m in etcd.members],
             },
             "mariadb": {
-                "primary": _db_state(self.primary_db),
+                "primary": _db_state(self.primary_db, app=True),
                 "standby": _db_state(self.standby_db),
             },
             "processes": [p.record().to_json() for p in self.processes() if p.pid is not None],
@@ -185,10 +185,11 @@ def _member_state(m: EtcdMember) -> dict[str, Any]:
     }
 
 
-def _db_state(db: MariaDBServer | None) -> dict[str, Any] | None:
+def _db_state(db: MariaDBServer | None, app: bool = False) -> dict[str, Any] | None:
+    """Its place, the canal user's DSN, logs, pid; ``app``: the app user's DSN too."""
     if db is None:
         return None
-    return {
+    state = {
         "name": db.name,
         "dir": str(db.root),
         **db.dsn(),
@@ -196,6 +197,9 @@ def _db_state(db: MariaDBServer | None) -> dict[str, Any] | None:
         "log": str(db.process.log_path),
         "pid": db.process.pid,
     }
+    if app:
+        state["app"] = db.app_dsn()
+    return state
 
 
 def _from_state(workdir: Path, data: dict[str, Any]) -> Sandbox:

@@ -222,6 +222,12 @@ class ReaderOut(BaseModel):
     error: str = Field(description="last reader error, e.g. a purged binlog position")
     error_type: str
     start: dict[str, Any] | None
+    warning: str = Field(
+        default="",
+        description="set for the whole term when the leader went on in a way that may have "
+        "skipped changes, e.g. the destination's origin could not be found on the source "
+        "and it started anew (what, where, and which clients are concerned)",
+    )
 
 
 class ReaderPositionOut(BaseModel):

@@ -3,15 +3,16 @@
 Two small interfaces keep the search logic testable without a server:
 
 * ``BinlogInspector``: the SQL side (``SHOW BINARY LOGS``, ``SHOW MASTER STATUS``,
-  ``@@server_id``, ``BINLOG_GTID_POS``); ``SqlBinlogInspector`` is the real one.
+  ``@@server_id``, ``UNIX_TIMESTAMP()``, ``BINLOG_GTID_POS``); ``SqlBinlogInspector``
+  is the real one.
 * ``EventSource``: "the events of file F from offset O" as ``BinlogEvent`` records
   (start, end, timestamp, kind, server id); ``StreamEventSource`` reads them through
   ``binlog_stream.open_stream``.
 
-``BinlogSearch`` builds on both: the first event time of a file, the latest
-transaction boundary at or before a time inside one file or across all files (bisect
-the files by first event time, then scan one), and the BEGIN of the transaction that
-contains an offset. A *boundary* is an offset between two transactions (a group, on
+``BinlogSearch`` builds on both: the first event time of a file, the time at an
+offset, the latest transaction boundary at or before a time inside one file or across
+all files (bisect the files by first event time, then scan one), and the BEGIN of the
+transaction that contains an offset. A *boundary* is an offset between two transactions (a group, on
 MariaDB, starts at its GTID event and ends after its XID, COMMIT or, for DDL, its one
 statement; on MySQL it starts at its GTID or anonymous GTID event, then either
 BEGIN..XID/COMMIT or one statement); the start of a file (offset 4) is a boundary too.
@@ -125,6 +126,10 @@ class BinlogInspector(Protocol):
 
     def server_id(self) -> int: ...
 
+    def clock(self) -> int:
+        """The server's clock, s since the epoch (the clock its binlog events carry)."""
+        ...
+
     def gtid_at(self, journal: str, offset: int) -> str:
         """The GTID state at a position (BINLOG_GTID_POS), "" when it has none."""
         ...
@@ -156,6 +161,9 @@ class SqlBinlogInspector:
 
     def server_id(self) -> int:
         return int(self._rows("SELECT @@server_id")[0][0])
+
+    def clock(self) -> int:
+        return int(self._rows("SELECT UNIX_TIMESTAMP()")[0][0])
 
     def gtid_at(self, journal: str, offset: int) -> str:
         value = self._rows("SELECT BINLOG_GTID_POS(%s, %s)", (journal, offset))[0][0]
@@ -352,6 +360,17 @@ class BinlogSearch:
             )
         first = self.first_event_time(oldest)
         return oldest, Boundary(BINLOG_START_OFFSET, first, 0)
+
+    def time_at(self, journal: str, offset: int) -> int:
+        """Time (s) of the last event of ``journal`` that ends at or before ``offset``; the
+        file's first event time when none does (``offset`` is its start)."""
+        found = 0
+        with closing(self.source.read(journal, BINLOG_START_OFFSET)) as events:
+            for ev in events:
+                if ev.end > offset:
+                    break
+                found = ev.timestamp or found
+        return found or self.first_event_time(journal)
 
     def transaction_begin(self, journal: str, offset: int) -> int:
         """Start of the transaction that ``offset`` falls inside, else ``offset``."""

@@ -19,7 +19,9 @@
 
 File positions are checked against SHOW BINARY LOGS (PurgedPosition, with what the
 operator can do) and get their GTID state from BINLOG_GTID_POS, so they also serve a
-GTID resume. Every result carries the reasons that led to it; they are logged.
+GTID resume, and a timestamp (the end: the server clock; else the time of the event
+there), so a later time fallback from them works. Every result carries the reasons
+that led to it; they are logged.
 """
 
 from __future__ import annotations
@@ -145,6 +147,10 @@ class FoundPosition:
     def reason(self) -> FindReason:
         return self.reasons[0]
 
+    @property
+    def log_position(self) -> LogPosition:
+        return LogPosition(self.identity, self.position)
+
 
 def _same_address(a: str, b: str) -> bool:
     return bool(a) and a.strip().lower() == b.strip().lower()
@@ -268,7 +274,13 @@ class _Run:
             history.identity.source_address,
             self.config.fallback_interval_s,
         )
-        journal, boundary = self.search.search_all(target)
+        try:
+            journal, boundary = self.search.search_all(target)
+        except (PositionNotFound, PurgedPosition) as exc:
+            raise type(exc)(
+                f"{self.dest}: {reason} from {history.position} of "
+                f"{history.identity.source_address} to {self.link.address}: {exc}"
+            ) from exc
         return self.at(journal, boundary), reason
 
     def from_config(self) -> tuple[EntryPosition, FindReason]:
@@ -304,8 +316,11 @@ class _Run:
         return EntryPosition(journal, boundary.offset, self.server_id(), "", boundary.timestamp_ms)
 
     def end(self) -> EntryPosition:
+        """SHOW MASTER STATUS, timed by the server clock read just before it: no event
+        after the end is older (short of a transaction that began earlier)."""
+        now_s = self.link.inspector.clock()
         journal, offset = self.link.inspector.master_status()
-        return EntryPosition(journal, offset, self.server_id())
+        return EntryPosition(journal, offset, self.server_id(), "", now_s * 1000)
 
     def check_exists(self, pos: EntryPosition, what: str) -> None:
         """PurgedPosition when the file is gone; PositionNotFound past its end."""
@@ -342,4 +357,6 @@ class _Run:
                 reasons.append(FindReason.MOVED_TO_TRANSACTION_BEGIN)
         if not pos.gtid:
             pos = replace(pos, gtid=self.link.inspector.gtid_at(pos.journal, pos.offset))
+        if pos.timestamp_ms <= 0:  # no time given: the time of the event there
+            pos = replace(pos, timestamp_ms=self.search.time_at(pos.journal, pos.offset) * 1000)
         return FoundPosition(pos, identity, tuple(reasons))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,6 +211,13 @@ class LocalBinlogInspector:
         for _, ev in self._dir.events(files[-1].name, BINLOG_START_OFFSET, EventDecoder()):
             return int(ev.packet.server_id)
         return 0
+
+    def clock(self) -> int:
+        """The time of the newest event: the newest file's last write (s since the epoch)."""
+        files = self._dir.files()
+        if not files:
+            return int(time.time())
+        return int((Path(self._dir.path) / files[-1].name).stat().st_mtime)
 
     def gtid_at(self, journal: str, offset: int) -> str:
         """The file's PREVIOUS_GTIDS / GTID list plus the GTIDs before ``offset``."""

@@ -6,7 +6,9 @@
   ``min_position`` rule), read from its MetaManager; what a new leader resumes from.
   A client that has no cursor yet (or no client at all) counts as being at the
   destination's origin (the first leader's start position), so changes nobody
-  acked are never skipped by a new leader.
+  acked are never skipped by a new leader. ``holders(destination, position)`` tells
+  who pins a position: clients whose acked cursor it is, or the origin (and the
+  clients that have no cursor yet).
   ``persist`` is a no-op: cursors are written by acks.
 * ``FailbackLogPositionManager``: ``get_latest`` asks the primary, then the secondary;
   ``persist`` writes to the primary, and to the secondary only if the primary fails.
@@ -24,12 +26,14 @@ import logging
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from canal_protocol.positions import LogPosition, min_position
 from canal_server.meta import MetaManager
 
 __all__ = [
     "FailbackLogPositionManager",
+    "Holders",
     "LogPositionManager",
     "MemoryLogPositionManager",
     "MetaLogPositionManager",
@@ -69,6 +73,21 @@ class MemoryLogPositionManager(LogPositionManager):
             self._positions.pop(destination, None)
 
 
+@dataclass(frozen=True)
+class Holders:
+    """Who pins a position: ``cursors`` (clients that acked up to it); ``origin`` when it
+    is the destination's origin, with ``without_cursor`` (clients that never acked)."""
+
+    cursors: tuple[str, ...] = ()
+    origin: bool = False
+    without_cursor: tuple[str, ...] = ()
+
+    @property
+    def origin_only(self) -> bool:
+        """Only the origin pins it: no client acked up to it."""
+        return self.origin and not self.cursors
+
+
 class MetaLogPositionManager(LogPositionManager):
     """Minimum client cursor of the destination's MetaManager (``lookup(destination)``)."""
 
@@ -88,6 +107,16 @@ class MetaLogPositionManager(LogPositionManager):
             if position is not None:
                 result = position if result is None else min_position(result, position)
         return result
+
+    def holders(self, destination: str, position: LogPosition) -> Holders:
+        meta = self._lookup(destination)
+        if meta is None:
+            return Holders()
+        cursors = {c: meta.cursor(c) for c in meta.clients()}
+        acked = tuple(c for c, p in cursors.items() if p == position)
+        if position != meta.origin():
+            return Holders(acked)
+        return Holders(acked, True, tuple(c for c, p in cursors.items() if p is None))
 
     def persist(self, destination: str, position: LogPosition) -> None:
         """Nothing to do: client cursors are written by acks."""
