@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -366,3 +367,88 @@ def test_two_consumers_one_client_id_one_active_then_takeover(
     b_ids = [r["id"] for r in row_changes(outs["b"].read_text().splitlines())]
     # b starts from the cursor: at most a's last (unacked) batch comes again
     assert b_ids[0] >= a_ids[-1] - 10 and sorted(set(a_ids) | set(b_ids)) == list(range(1, 301))
+
+
+# -- bounded, clear failures and status lag (issue 13) ------------------------------------
+
+
+def test_a_wrong_destination_fails_clearly_via_etcd_and_via_server(
+    sandbox: Sandbox, nodes_up: NodeCluster
+) -> None:
+    nodes = nodes_up(1)
+    leader = wait_leader(nodes)
+    etcd = ",".join(sandbox.etcd_endpoints)
+    long_wait = ["--connect-timeout", "600"]  # the answer must not wait for the timeout
+    for extra in ([], ["--no-exclusive"]):
+        res = subprocess.run(
+            [*CLI, "consume", "--etcd", etcd, "--prefix", nodes[0].prefix, "--destination",
+             "nope", "--client-id", "c1", *long_wait, *extra],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert res.returncode == 1, res.stderr
+        assert "'nope'" in res.stderr and "node1" in res.stderr and "configures" in res.stderr
+    res = subprocess.run(
+        [*CLI, "consume", "--server", leader.url, "--destination", "nope", "--client-id", "c1",
+         *long_wait],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    assert "'nope'" in res.stderr and "not served" in res.stderr
+
+
+def status_json(*source: str) -> dict[str, Any]:
+    res = subprocess.run([*CLI, "status", *source, "--format", "json"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return dict(json.loads(res.stdout)["destinations"][DEST])
+
+
+def test_status_lag_is_the_same_from_etcd_and_server_and_stays_0_when_idle(
+    sandbox: Sandbox, nodes_up: NodeCluster, cleanup_dbs: list[str]
+) -> None:
+    db = "t_client_status"
+    cleanup_dbs.append(db)
+    nodes = nodes_up(1)
+    leader = wait_leader(nodes)
+    fresh_db(sandbox, db, f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
+    for i in range(1, 6):
+        sandbox.primary.execute(f"INSERT INTO {db}.t VALUES ({i})")
+    behind = subprocess.run(consume_cmd(sandbox, nodes, "behind", "--max-entries", "2"),
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert behind.returncode == 0, behind.stderr
+    caught = subprocess.run(consume_cmd(sandbox, nodes, "caught", "--idle-exit", "3"),
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert caught.returncode == 0 and caught.stdout, caught.stderr
+    assert "WARNING" not in caught.stderr, caught.stderr  # a normal exit
+    with leader.client() as http:  # subscribed, then unsubscribed: not listed
+        path = f"/v1/destinations/{DEST}/clients/gone/subscription"
+        assert http.put(path, json={"filter": ""}).status_code == 200
+        assert http.delete(path).status_code == 200
+    journal, offset = sandbox.primary.master_status()
+    etcd = ["--etcd", ",".join(sandbox.etcd_endpoints), "--prefix", nodes[0].prefix]
+    server = ["--server", leader.url]
+
+    def lags(d: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+        return {c: (v["lag_bytes"], v["lag_s"]) for c, v in d["clients"].items()}
+
+    seen: list[dict[str, Any]] = []
+
+    def same_and_caught_up() -> bool:
+        seen[:] = [status_json(*etcd), status_json(*server)]
+        return lags(seen[0]) == lags(seen[1]) and lags(seen[0]).get("caught") == (0, 0.0)
+
+    wait_until(same_and_caught_up, "status from etcd and server agree", WAIT_S)
+    from_etcd, from_server = seen
+    assert set(from_etcd["clients"]) == set(from_server["clients"]) == {"behind", "caught"}
+    cursor = from_etcd["clients"]["behind"]["cursor"]["position"]
+    assert cursor["journal"] == journal
+    assert from_etcd["clients"]["behind"]["lag_bytes"] == offset - cursor["offset"] > 0
+    for d in seen:
+        assert (d["binlog_end"]["journal"], d["binlog_end"]["offset"]) == (journal, offset)
+    # an idle database: the figures do not grow with time (several readings over 3 s)
+    until = time.monotonic() + 3
+    while time.monotonic() < until:
+        again = [lags(status_json(*etcd)), lags(status_json(*server))]
+        assert again == [lags(from_etcd), lags(from_etcd)]
+    table = subprocess.run([*CLI, "status", *etcd], capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0 and "LAG_BYTES" in table.stdout, table.stderr

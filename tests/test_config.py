@@ -134,3 +134,24 @@ def test_fast_test_timings_are_accepted() -> None:
         }
     )
     assert cfg.election.election_config().ttl_s == 3
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "port"),
+    [
+        ({**minimal(), "node": {"id": "n", "listen": "127.0.0.1:99999"}}, "node.listen", 99999),
+        (minimal(master={"address": "127.0.0.1:70000"}), "destinations.d.master.address", 70000),
+        (minimal(standby={"address": "127.0.0.1:0"}), "destinations.d.standby.address", 0),
+        (
+            {**minimal(), "node": {"id": "n", "advertise_url": "http://127.0.0.1:99999"}},
+            "node.advertise_url",
+            99999,
+        ),
+        ({**minimal(), "etcd": {"endpoints": ["http://127.0.0.1:65536"]}}, "etcd.endpoints", 65536),
+    ],
+)
+def test_an_out_of_range_port_is_named(data: dict[str, Any], key: str, port: int) -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(data)
+    assert err.value.key.startswith(key), err.value
+    assert f"port {port} out of range 1-65535" in str(err.value)

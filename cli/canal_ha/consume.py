@@ -7,6 +7,12 @@ json``: the entry's wire form; else one readable line) and acks each batch after
 printing and flushing it. It exits 0 after ``--max-entries`` entries or ``--idle-exit``
 seconds without entries; SIGTERM and Ctrl-C stop it cleanly (the batch being printed
 is not acked and comes again). Leader changes it follows are logged on stderr.
+
+Bounded waits: no leader reached within ``--connect-timeout`` seconds (etcd or the
+server not reachable, no leader elected) ends it with exit 1 naming what was missing;
+an unknown destination fails at once. Once a leader was reached it retries through
+failovers, but ``--idle-exit`` still ends it: with exit 1 when the time ran out while
+no leader answered (a consumer that never saw the database idle does not claim it).
 """
 
 from __future__ import annotations
@@ -25,27 +31,50 @@ from types import FrameType
 from typing import Any, TextIO
 
 from canal_client.connector import ClusterConnector, Connector, SimpleConnector
-from canal_client.status import format_table, status_from_etcd, status_from_server
+from canal_client.resolver import normalize_url
+from canal_client.status import (
+    fetch_health,
+    format_table,
+    status_from_etcd,
+    status_from_server,
+)
 from canal_client.wire import HttpChannel
 from canal_cluster.keys import DEFAULT_PREFIX, Keys
 from canal_cluster.running import ElectionConfig
 from canal_ha.args import positive_int
 from canal_protocol import Batch, Column, Entry, EntryType
-from canal_protocol.errors import ConfigError
+from canal_protocol.errors import ConfigError, RetryExhausted
 
 __all__ = ["consume", "format_entry", "register", "status"]
 
 TOKEN_ENV = "CANAL_TOKEN"
+DEFAULT_CONNECT_TIMEOUT_S = 30.0
 
 
-def _endpoints(text: str) -> list[str]:
-    return [e.strip() for e in text.split(",") if e.strip()]
+def _urls(option: str, etcd: bool) -> Any:
+    """argparse type: comma-separated URLs, each checked (scheme, port 1-65535)."""
+
+    def parse(text: str) -> list[str]:
+        urls = [e.strip() for e in text.split(",") if e.strip()]
+        for url in urls:
+            full = url if "//" in url or not etcd else f"http://{url}"
+            try:
+                normalize_url(full, option)
+            except ConfigError as exc:
+                raise argparse.ArgumentTypeError(exc.reason) from None
+            if etcd and not full.startswith("http://"):
+                raise argparse.ArgumentTypeError(f"expected http://host:port, got {url!r}")
+        return urls
+
+    return parse
 
 
 def _source_options(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--etcd", type=_endpoints, help="etcd endpoints, comma separated")
-    src.add_argument("--server", type=_endpoints, help="server URL(s), comma separated")
+    src.add_argument("--etcd", type=_urls("--etcd", etcd=True),
+                     help="etcd endpoints, comma separated")  # fmt: skip
+    src.add_argument("--server", type=_urls("--server", etcd=False),
+                     help="server URL(s), comma separated")  # fmt: skip
     p.add_argument("--prefix", default=DEFAULT_PREFIX, help="etcd key prefix")
     p.add_argument("--token", default=None, help=f"bearer token (default: ${TOKEN_ENV})")
 
@@ -67,6 +96,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="exit 0 after N entries (0 = never)")  # fmt: skip
     p.add_argument("--idle-exit", type=float, default=0.0,
                    help="exit 0 after S seconds without entries (0 = never)")  # fmt: skip
+    p.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S,
+                   help="give up (exit 1) when no leader was reached in S seconds "
+                        f"(default {DEFAULT_CONNECT_TIMEOUT_S:g})")  # fmt: skip
     p.add_argument("--wire", choices=("msgpack", "json"), default="msgpack")
     p.add_argument("--no-exclusive", action="store_true",
                    help="with --etcd: do not take the client running key")  # fmt: skip
@@ -98,9 +130,18 @@ def _election(args: argparse.Namespace) -> ElectionConfig:
     )
 
 
+def _connect_bound(args: argparse.Namespace) -> tuple[float, str]:
+    """How long the first contact may take, and the option that says so."""
+    if args.idle_exit and args.idle_exit < args.connect_timeout:
+        return args.idle_exit, "--idle-exit"
+    return args.connect_timeout, "--connect-timeout"
+
+
 def _connector(args: argparse.Namespace) -> Connector:
     token = args.token or os.environ.get(TOKEN_ENV) or None
-    common: dict[str, Any] = {"token": token, "wire": args.wire}
+    common: dict[str, Any] = {
+        "token": token, "wire": args.wire, "connect_timeout_s": _connect_bound(args)[0],
+    }  # fmt: skip
     if args.etcd:
         return ClusterConnector(
             args.destination, args.client_id, etcd=args.etcd, prefix=args.prefix,
@@ -131,8 +172,9 @@ def format_entry(entry: Entry, fmt: str) -> str:
         return f"{head} BEGIN gtid={h.gtid}"
     if entry.type is EntryType.TRANSACTIONEND:
         return f"{head} COMMIT gtid={h.gtid}"
-    if entry.is_ddl or not entry.rows:
-        return f"{head} {h.event_type} {entry.full_name}: {entry.sql}"
+    if entry.is_ddl or not entry.rows:  # a schema-level statement has no table
+        name = f"{h.schema}.{h.table}" if h.table else h.schema or "-"
+        return f"{head} {h.event_type} {name}: {entry.sql}"
     rows = []
     for r in entry.rows:
         before = ", ".join(_value_text(c) for c in r.before)
@@ -182,12 +224,16 @@ def consume(args: argparse.Namespace) -> int:
         client_log.setLevel(logging.INFO)  # leader changes followed go to stderr
     if args.idle_exit < 0 or args.poll_timeout <= 0:
         raise ConfigError("--idle-exit", "must be >= 0")
+    if args.connect_timeout <= 0:
+        raise ConfigError("--connect-timeout", "must be > 0")
     printer = _Printer(sys.stdout, args.format, args.max_entries)
     connector = _connector(args)
     with _sigterm_as_interrupt(), contextlib.suppress(KeyboardInterrupt):
         try:
-            connector.connect()
-            connector.subscribe(args.filter, start=args.start)
+            with _gave_up_after(args, connector):
+                connector.connect()
+                _set_idle_deadline(connector, args, time.monotonic())
+                connector.subscribe(args.filter, start=args.start)
             _consume_loop(connector, printer, args)
         except BrokenPipeError:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stdout is gone
@@ -196,22 +242,46 @@ def consume(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _gave_up_after(args: argparse.Namespace, connector: Connector) -> Iterator[None]:
+    """A call that gave up (connect timeout, --idle-exit while no leader answers) becomes
+    one message naming the option; the caller exits 1."""
+    try:
+        yield
+    except RetryExhausted as exc:
+        if not connector.reached:
+            what = f"{exc.what} ({_connect_bound(args)[1]})"
+        else:
+            idle = f"no entries for {args.idle_exit:g} s (--idle-exit)"
+            what = f"{exc.what}: {idle} while no leader answered"
+        raise RetryExhausted(what, exc.attempts, exc.last_error) from exc
+
+
+def _set_idle_deadline(connector: Connector, args: argparse.Namespace, last: float) -> None:
+    if args.idle_exit:
+        connector.set_deadline(last + args.idle_exit)
+
+
 def _consume_loop(connector: Connector, printer: _Printer, args: argparse.Namespace) -> None:
     last = time.monotonic()
+    _set_idle_deadline(connector, args, last)
     while not printer.done:
         poll = args.poll_timeout
         if args.idle_exit:
             poll = max(0.05, min(poll, last + args.idle_exit - time.monotonic()))
-        batch = connector.get_without_ack(printer.room(args.batch_size), poll)
+        with _gave_up_after(args, connector):
+            batch = connector.get_without_ack(printer.room(args.batch_size), poll)
         if batch.is_empty:
             if args.idle_exit and time.monotonic() - last >= args.idle_exit:
                 return
             continue
-        if printer.print_batch(batch):
-            connector.ack(batch.id)
-        else:
-            connector.rollback(batch.id)  # the rest comes again to the next consumer
         last = time.monotonic()
+        _set_idle_deadline(connector, args, last)
+        with _gave_up_after(args, connector):
+            if printer.print_batch(batch):
+                connector.ack(batch.id)
+            else:
+                connector.rollback(batch.id)  # the rest comes again to the next consumer
 
 
 # -- status -------------------------------------------------------------------------------
@@ -219,20 +289,20 @@ def _consume_loop(connector: Connector, printer: _Printer, args: argparse.Namesp
 
 def status(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get(TOKEN_ENV) or None
-    if args.etcd:
-        from canal_cluster.etcd_coordinator import EtcdCoordinator
+    channel = HttpChannel(wire="json", token=token)
+    try:
+        if args.etcd:
+            from canal_cluster.etcd_coordinator import EtcdCoordinator
 
-        coord = EtcdCoordinator(args.etcd, timeout_s=2.0)
-        try:
-            data = status_from_etcd(coord, Keys(args.prefix))
-        finally:
-            coord.close()
-    else:
-        channel = HttpChannel(wire="json", token=token)
-        try:
+            coord = EtcdCoordinator(args.etcd, timeout_s=2.0)
+            try:
+                data = status_from_etcd(coord, Keys(args.prefix), fetch_health(channel))
+            finally:
+                coord.close()
+        else:
             data = status_from_server(channel, args.server[0].rstrip("/"))
-        finally:
-            channel.close()
+    finally:
+        channel.close()
     if args.format == "json":
         print(json.dumps(data, indent=2, sort_keys=True, default=str))
     else:

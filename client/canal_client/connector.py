@@ -24,7 +24,13 @@ Rules:
 - with an ``ActiveGate`` (ClientRunningMonitor) only the active consumer opens a
   session; the others wait in ``get_without_ack`` (returning empty batches);
 - each leader change followed is logged on the ``canal_client`` logger with the
-  destination, client id, old and new leader URL and epoch.
+  destination, client id, old and new leader URL and epoch;
+- bounded waits: with ``connect_timeout_s``, ``connect()`` gives up (``RetryExhausted``,
+  its ``last_error`` names what was not reachable) when no leader was reached in that
+  time: with a gate, a leader in etcd; without, a leader that answered. Until then an
+  unknown destination (no node registered in etcd configures it, or a 404
+  ``unknown_destination``) fails at once (``UnknownDestination``). Once a leader was
+  reached, calls retry as the policy says (failover), but never past ``set_deadline``.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -53,9 +60,11 @@ from canal_protocol.errors import (
     InvalidArgument,
     LeaderUnavailable,
     NotSubscribed,
+    RetryExhausted,
     ServerUnreachable,
     StaleLeader,
     UnknownBatch,
+    UnknownDestination,
 )
 
 __all__ = ["DEFAULT_RETRY", "ClusterConnector", "Connector", "SimpleConnector"]
@@ -106,7 +115,10 @@ class Connector:
         request_timeout_s: float = 10.0,
         transport: httpx.BaseTransport | None = None,
         gate: ActiveGate | None = None,
+        connect_timeout_s: float | None = None,
     ) -> None:
+        if connect_timeout_s is not None and connect_timeout_s <= 0:
+            raise InvalidArgument("connect_timeout_s", f"must be > 0, got {connect_timeout_s!r}")
         self.destination = validate_id(destination, "destination")
         Keys().client_prefix(destination, client_id)  # validates client_id
         self.client_id = client_id
@@ -132,6 +144,10 @@ class Connector:
         self._retry_after = 0.0
         self._backoff: tuple[Leader | None, Iterator[float]] | None = None  # leader, its delays
         self._closing = threading.Event()
+        self.connect_timeout_s = connect_timeout_s
+        self._connect_deadline: float | None = None
+        self._deadline: float | None = None
+        self._reached = False  # a leader was reached once: retry through failovers
 
     # -- properties of the contract -----------------------------------------------------
 
@@ -149,27 +165,58 @@ class Connector:
     def connected(self) -> bool:
         return self._channel is not None
 
+    @property
+    def reached(self) -> bool:
+        """A leader was reached once (with a gate: found in etcd)."""
+        return self._reached
+
+    def set_deadline(self, when: float | None) -> None:
+        """Calls retrying past ``when`` (``time.monotonic()``) give up with
+        ``RetryExhausted``; None: retry as the policy says."""
+        self._deadline = when
+
     def _base(self) -> str:
         return f"/v1/destinations/{self.destination}/clients/{self.client_id}"
 
     # -- lifecycle ----------------------------------------------------------------------
 
     def connect(self) -> None:
-        """Start following the leader; without a gate open the session (rollback) now."""
+        """Start following the leader; without a gate open the session (rollback) now.
+        Bounded by ``connect_timeout_s`` (see the module docstring)."""
         with self._lock:
             if self._channel is not None:
                 return
             self._closing.clear()
             self._channel = HttpChannel(**self._channel_args)
+            if self.connect_timeout_s is not None and not self._reached:
+                self._connect_deadline = time.monotonic() + self.connect_timeout_s
             self._resolver.start()
-            if self._gate is not None:
-                self._gate.start()
-                return
         try:
-            self._call("connect", lambda session: None)
+            if self._gate is None:
+                self._call("connect", lambda session: None)
+                return
+            if self._connect_deadline is not None:
+                self._await_leader(self._connect_deadline)
+            with self._lock:
+                self._gate.start()
         except BaseException:
             self.disconnect()
             raise
+
+    def _await_leader(self, deadline: float) -> None:
+        """With a gate: wait until etcd names a leader (the active role comes later)."""
+        attempts = 0
+        while self._resolver.current() is None:
+            attempts += 1
+            problem = self._resolver.no_leader()
+            if isinstance(problem, UnknownDestination):
+                raise problem
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._closing.is_set():
+                raise self._not_connected("connect", attempts, problem)
+            self._resolver.wait_change(min(remaining, 1.0))
+            self._resolver.reload()
+        self._reached = True
 
     def disconnect(self) -> None:
         """Stop; a call retrying in another thread gives up (``ClientError``)."""
@@ -392,23 +439,62 @@ class Connector:
                 self._drop_session(session)
                 raise
 
-        return self._retry.call(attempt, self._what(what), _RETRYABLE, self._logger(what))
+        return self._retrying(what, attempt)
 
     def _call_leader(self, what: str, op: Callable[[Leader], T]) -> T:
         """Run ``op`` against the current leader without a session (read-only calls)."""
 
         def attempt() -> T:
             self._require_channel()
-            leader = self._resolver.current()
-            if leader is None:
-                raise LeaderUnavailable(f"no leader known for {self.destination}")
+            leader = self._leader()
             try:
                 return op(leader)
             except _RETRYABLE as exc:
                 self._on_failure(leader.url, exc)
                 raise
 
-        return self._retry.call(attempt, self._what(what), _RETRYABLE, self._logger(what))
+        return self._retrying(what, attempt)
+
+    def _retrying(self, what: str, attempt: Callable[[], T]) -> T:
+        """``attempt`` under the policy, bounded by the connect timeout (until a leader
+        was reached) and by ``set_deadline``."""
+        give_up = self._give_up_at()
+        policy = self._retry
+        if give_up is not None:
+            policy = dataclasses.replace(policy, deadline_s=max(0.0, give_up - time.monotonic()))
+        try:
+            return policy.call(attempt, self._what(what), _RETRYABLE, self._logger(what))
+        except RetryExhausted as exc:
+            if self._reached or self._connect_deadline is None:
+                raise
+            raise self._not_connected(what, exc.attempts, exc.last_error) from exc
+
+    def _give_up_at(self) -> float | None:
+        bounds = [self._deadline] if self._deadline is not None else []
+        if not self._reached and self._connect_deadline is not None:
+            bounds.append(self._connect_deadline)
+        return min(bounds, default=None)
+
+    def _not_connected(
+        self, what: str, attempts: int, last: BaseException | None
+    ) -> RetryExhausted:
+        return RetryExhausted(
+            f"{self._what(what)}: not connected after {self.connect_timeout_s:g} s",
+            attempts,
+            last,
+        )
+
+    def _leader(self) -> Leader:
+        """The leader to talk to; before one was reached, why there is none."""
+        leader = self._resolver.current()
+        if leader is None:
+            self._resolver.reload()  # etcd may have come back without a watch event
+            leader = self._resolver.current()
+        if leader is not None:
+            return leader
+        if self._reached or self._connect_deadline is None:
+            raise LeaderUnavailable(f"no leader known for {self.destination}")
+        raise self._resolver.no_leader()
 
     def _what(self, what: str) -> str:
         return f"{self.destination}/{self.client_id}: {what}"
@@ -427,9 +513,7 @@ class Connector:
             if not self._gate.is_active():
                 self._session = None
                 raise _Inactive("this consumer is not the active one for its client id")
-        leader = self._resolver.current()
-        if leader is None:
-            raise LeaderUnavailable(f"no leader known for {self.destination}")
+        leader = self._leader()
         if leader.epoch is not None and leader.epoch < self._epoch:
             raise StaleLeader(f"{leader.url} has epoch {leader.epoch} < {self._epoch}")
         s = self._session
@@ -452,6 +536,7 @@ class Connector:
             raise
         self._gen += 1
         self._session = _Session(self._gen, url, epoch, gate_gen)
+        self._reached = True
         self._log_leader(url, epoch)
         return self._session
 
@@ -571,6 +656,9 @@ class Connector:
             self._backoff = (leader, self._retry.delays())
         fresh = next(self._backoff[1], delay)
         wait, self._retry_after = max(fresh, self._retry_after), 0.0
+        give_up = self._give_up_at()
+        if give_up is not None:  # a long Retry-After must not outlast the deadline
+            wait = min(wait, max(0.0, give_up - time.monotonic()))
         self._resolver.wait_change(wait)
 
     def _logger(self, what: str) -> Callable[[int, BaseException], None]:
@@ -622,7 +710,8 @@ class ClusterConnector(Connector):
         if etcd or coordinator is not None:
             coord = coordinator or self._make_coordinator(etcd or (), etcd_timeout_s)
             keys = Keys(prefix)
-            resolver: LeaderResolver = EtcdResolver(coord, keys, destination)
+            where = f"etcd {','.join(etcd)}" if etcd else "etcd"
+            resolver: LeaderResolver = EtcdResolver(coord, keys, destination, where)
             if exclusive:
                 gate = ActiveGate(coord, keys, destination, client_id, election)
         elif servers:

@@ -5,7 +5,8 @@ holder consumes; the others wait in ``wait_active``. ``generation`` grows on eve
 loss of the role, so the connector drops its session (the batches it had out are
 rolled back by whoever is active next, which rolls back on connect). When the active
 process dies, its key expires with its lease and a waiting one takes over after the
-switch delay (Canal's ClientRunningMonitor).
+switch delay (Canal's ClientRunningMonitor). Giving the role up on ``stop()`` is a normal end
+(logged at INFO); losing it otherwise is a WARNING.
 """
 
 from __future__ import annotations
@@ -61,14 +62,17 @@ class ActiveGate:
             on_lost=self._lost,
         )
         self._started = False
+        self._stopping = False
 
     def start(self) -> None:
         if not self._started:
             self._started = True
+            self._stopping = False
             self._monitor.start()
 
     def stop(self) -> None:
         if self._started:
+            self._stopping = True  # the role ends because we stop: not a warning
             self._monitor.stop(release=True)
             self._started = False
         with self._cond:
@@ -105,12 +109,14 @@ class ActiveGate:
             self._cond.notify_all()
 
     def _lost(self, epoch: int) -> None:
-        log.warning(
-            "%s/%s: this consumer (%s) is no longer active (epoch %d)",
+        log.log(
+            logging.INFO if self._stopping else logging.WARNING,
+            "%s/%s: this consumer (%s) is no longer active (epoch %d)%s",
             self.destination,
             self.client_id,
             self.node,
             epoch,
+            ": stopped" if self._stopping else "",
         )
         with self._cond:
             self._active_epoch = None

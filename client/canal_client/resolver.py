@@ -8,6 +8,11 @@
   A record with a lower epoch than one already seen is ignored (stale read or event);
   ``wait_change`` returns early when the watch reports a change, so a retry after a
   failover happens as soon as the new leader is elected.
+
+``no_leader()`` says why ``current()`` is None, for a connector that has never reached
+a leader yet: etcd not reachable, no node registered under the prefix, no leader elected
+yet (all ``LeaderUnavailable``: worth waiting), or no registered node configures the
+destination (``UnknownDestination``: final).
 """
 
 from __future__ import annotations
@@ -17,22 +22,50 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from canal_cluster.coordinator import Coordinator, KeyValue, Watch, WatchEvent, WatchEventType
 from canal_cluster.keys import Keys
 from canal_cluster.running import RunningInfo, read_running
-from canal_protocol.errors import ConfigError, CoordinatorUnavailable
+from canal_protocol.errors import (
+    ClientError,
+    ConfigError,
+    CoordinatorUnavailable,
+    LeaderUnavailable,
+    UnknownDestination,
+)
 
-__all__ = ["EtcdResolver", "Leader", "LeaderResolver", "StaticResolver", "normalize_url"]
+__all__ = [
+    "EtcdResolver",
+    "Leader",
+    "LeaderResolver",
+    "StaticResolver",
+    "check_port",
+    "normalize_url",
+]
 
 log = logging.getLogger("canal_client")
 
 
-def normalize_url(url: str) -> str:
+def normalize_url(url: str, option: str = "server") -> str:
+    """``http(s)://host[:port]`` without a trailing slash; else ``ConfigError(option)``
+    (a port outside 1-65535 is named as such)."""
     url = url.strip().rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError("server", f"expected http://host:port, got {url!r}")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(option, f"expected http://host:port, got {url!r}")
+    check_port(parts.netloc, url, option)
     return url
+
+
+def check_port(netloc: str, url: str, option: str) -> None:
+    """``ConfigError(option)`` unless the port of ``host[:port]`` is absent or 1-65535."""
+    host_port = netloc.rpartition("@")[2].rpartition("]")[2]  # IPv6 brackets, userinfo
+    raw = host_port.rpartition(":")[2] if ":" in host_port else ""
+    if raw and not raw.isdigit():
+        raise ConfigError(option, f"bad port {raw!r} in {url!r}")
+    if raw and not 0 < int(raw) < 65536:
+        raise ConfigError(option, f"port {int(raw)} out of range 1-65535 in {url!r}")
 
 
 @dataclass(frozen=True)
@@ -68,6 +101,14 @@ class LeaderResolver(ABC):
     @abstractmethod
     def wait_change(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s``; return early when the leader may have changed."""
+
+    def reload(self) -> None:  # noqa: B027 - optional hook
+        """Look the leader up again now (etcd)."""
+
+    def no_leader(self) -> ClientError | UnknownDestination:
+        """Why ``current()`` is None: ``UnknownDestination`` when final, else
+        ``LeaderUnavailable`` naming what is missing (may ask etcd)."""
+        return LeaderUnavailable("no leader known")
 
 
 class StaticResolver(LeaderResolver):
@@ -110,10 +151,15 @@ class StaticResolver(LeaderResolver):
 class EtcdResolver(LeaderResolver):
     """The leader as the destination's running key in etcd says, followed by watch."""
 
-    def __init__(self, coordinator: Coordinator, keys: Keys, destination: str) -> None:
+    def __init__(
+        self, coordinator: Coordinator, keys: Keys, destination: str, where: str = "etcd"
+    ) -> None:
         self._coord = coordinator
+        self._keys = keys
         self.key = keys.running(destination)
         self.destination = destination
+        self.where = where  # "etcd http://…" in messages
+        self._lookup_error: str | None = None
         self._cond = threading.Condition()
         self._leader: RunningInfo | None = None
         self._highest = 0
@@ -142,8 +188,35 @@ class EtcdResolver(LeaderResolver):
             info = read_running(self._coord, self.key)
         except CoordinatorUnavailable as exc:
             log.debug("%s: leader lookup failed: %s", self.destination, exc)
+            self._lookup_error = str(exc)
             return
+        self._lookup_error = None
         self._set(info)
+
+    def no_leader(self) -> ClientError | UnknownDestination:
+        d, prefix = self.destination, self._keys.prefix
+        if self._lookup_error is not None:
+            return LeaderUnavailable(f"{self.where} not reachable: {self._lookup_error}")
+        try:
+            nodes = self._coord.get_prefix(self._keys.nodes_prefix()).items
+            serving = self._coord.get_prefix(self._keys.destination_nodes_prefix(d)).items
+        except CoordinatorUnavailable as exc:
+            return LeaderUnavailable(f"{self.where} not reachable: {exc}")
+        names = sorted(kv.key.rsplit("/", 1)[-1] for kv in nodes)
+        if not names:
+            return LeaderUnavailable(
+                f"no canal-ha node is registered in {self.where} under prefix {prefix!r} "
+                "(are the servers up, is the prefix right?)"
+            )
+        if not serving:
+            return UnknownDestination(
+                f"destination {d!r} is unknown: none of the nodes registered under prefix "
+                f"{prefix!r} ({', '.join(names)}) configures it"
+            )
+        serving_names = sorted(kv.key.rsplit("/", 1)[-1] for kv in serving)
+        return LeaderUnavailable(
+            f"no leader elected yet for destination {d!r} (nodes: {', '.join(serving_names)})"
+        )
 
     def _on_event(self, event: WatchEvent) -> None:
         if event.type is WatchEventType.RESYNC:

@@ -71,9 +71,16 @@ _ETCD_ERRORS = (grpc.RpcError, etcd_exc.Etcd3Exception)
 def parse_endpoint(url: str) -> tuple[str, int]:
     """``http://127.0.0.1:2379`` or ``127.0.0.1:2379`` → (host, port)."""
     parts = urlsplit(url if "//" in url else f"http://{url}")
-    if parts.scheme != "http" or not parts.hostname or parts.port is None:
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or outside 0-65535
+        raw = parts.netloc.rpartition(":")[2]
+        raise ConfigError("etcd.endpoints", f"port {raw} out of range 1-65535 in {url!r}") from None
+    if parts.scheme != "http" or not parts.hostname or port is None:
         raise ConfigError("etcd.endpoints", f"expected http://host:port, got {url!r}")
-    return parts.hostname, parts.port
+    if port == 0:
+        raise ConfigError("etcd.endpoints", f"port 0 out of range 1-65535 in {url!r}")
+    return parts.hostname, port
 
 
 def _kv(raw: Any) -> KeyValue:

@@ -92,9 +92,15 @@ _HOST_PORT = re.compile(r"(?P<host>[A-Za-z0-9_.:\[\]-]+):(?P<port>\d{1,5})")
 
 def _host_port(value: str) -> str:
     m = _HOST_PORT.fullmatch(value)
-    if m is None or not 0 < int(m.group("port")) < 65536:
+    if m is None:
         raise ValueError(f"must be host:port, got {value!r}")
+    _port_in_range(int(m.group("port")), value)
     return value
+
+
+def _port_in_range(port: int, value: str) -> None:
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} out of range 1-65535 in {value!r}")
 
 
 def _check_id(value: str) -> str:
@@ -118,8 +124,11 @@ class NodeSection(_Section):
     @field_validator("advertise_url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if v and re.fullmatch(r"https?://[^\s/]+", v.rstrip("/")) is None:
+        m = re.fullmatch(r"https?://[^\s/]+?(?::(?P<port>\d+))?", v.rstrip("/"))
+        if v and m is None:
             raise ValueError(f"must be http(s)://host:port, got {v!r}")
+        if m is not None and m.group("port"):
+            _port_in_range(int(m.group("port")), v)
         return v.rstrip("/")
 
 
