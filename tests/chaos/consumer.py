@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         _write(out, {"ev": "start", "t": time.time()})
         try:
             connector.connect()
-            connector.subscribe("")
+            connector.subscribe("", start="earliest")  # the load may start before it subscribes
             while True:
                 batch = connector.get_without_ack(args.batch_size, 1.0)
                 if batch.is_empty:
