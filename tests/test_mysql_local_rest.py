@@ -69,3 +69,36 @@ def test_local_destination_serves_every_row_over_rest(
     assert health is not None
     reader = health["destinations"][node.destination]["reader"]
     assert reader["state"] == "running"
+
+
+def test_health_of_a_local_destination_checks_its_directory(
+    node_cluster: Cluster,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A ``local.dir`` destination has no database to ask: /v1/health's ``database`` says
+    whether its directory is readable, on the leader and on a standby alike."""
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    shutil.copy(FIXTURES / FILES[0], node_dir / FILES[0])
+    destination = {
+        "local": {"dir": str(node_dir), "schema_file": str(SCHEMA), "poll_ms": 100},
+        "master": {"address": "127.0.0.1:1", "journal_name": FILES[0], "position": 4},
+    }
+    nodes = node_cluster(2, destination=destination)
+    wait_leader(nodes)
+    for node in nodes:
+        health = node.health()
+        assert health is not None
+        db = health["destinations"][node.destination]["database"]
+        assert db == {"reachable": True, "address": f"local:{node_dir}", "error": ""}, db
+    shutil.rmtree(node_dir)
+    deadline = time.monotonic() + 30
+    while True:  # the check is cached for about a second
+        health = nodes[0].health()
+        assert health is not None
+        db = health["destinations"][nodes[0].destination]["database"]
+        if not db["reachable"]:
+            break
+        assert time.monotonic() < deadline, db
+        time.sleep(0.5)
+    assert str(node_dir) in db["error"] and "not a directory" in db["error"]

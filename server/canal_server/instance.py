@@ -46,6 +46,7 @@ from canal_cluster.running import RunningMonitor
 from canal_protocol.entry import Entry
 from canal_protocol.errors import (
     BinlogConfigError,
+    BinlogError,
     CoordinatorUnavailable,
     PositionNotFound,
     PurgedPosition,
@@ -67,7 +68,13 @@ from canal_server.parse.finder import (
     FoundPosition,
     PositionFinder,
 )
-from canal_server.parse.local_reader import LOCAL_PREFIX, LocalBinlogReader, LocalReaderConfig
+from canal_server.parse.local_reader import (
+    LOCAL_PREFIX,
+    LocalBinlogDir,
+    LocalBinlogInspector,
+    LocalBinlogReader,
+    LocalReaderConfig,
+)
 from canal_server.parse.logposition import (
     FailbackLogPositionManager,
     Holders,
@@ -171,6 +178,16 @@ class SourceCheck:
     @property
     def reachable(self) -> bool:
         return not self.error
+
+
+def local_check(directory: str) -> SourceCheck:
+    """A local destination's directory: readable, with its newest binlog file's end."""
+    local = LocalBinlogDir(directory)
+    try:
+        journal, offset = LocalBinlogInspector(local).master_status()
+    except (BinlogError, OSError) as exc:
+        return SourceCheck(local.address, None, f"{type(exc).__name__}: {exc}")
+    return SourceCheck(local.address, {"journal": journal, "offset": offset})
 
 
 class BinlogEndProbe:
@@ -427,10 +444,16 @@ class Instance:
 
     def database(self) -> dict[str, Any]:
         """``{reachable, address, error}`` of the database: the one the current term
-        reads, else the configured master; asked with the binlog end (same cache)."""
+        reads, else the configured master; asked with the binlog end (same cache). A
+        ``local.dir`` destination's "database" is its directory of binlog files."""
         term = self._term
-        dsn = term.reader.source if term is not None else dsn_of(self.config, self.config.master)
-        checked = self._binlog_end.check(dsn)
+        if self.config.local is not None:
+            checked = local_check(self.config.local.dir)
+        else:
+            dsn = (
+                term.reader.source if term is not None else dsn_of(self.config, self.config.master)
+            )
+            checked = self._binlog_end.check(dsn)
         return {"reachable": checked.reachable, "address": checked.address, "error": checked.error}
 
     def store_stats(self) -> tuple[int, int]:
