@@ -341,3 +341,15 @@ def test_tls_node_serves_https(node_cluster: Cluster, tmp_path: Path) -> None:  
     assert r.status_code == 200 and r.json()["url"] == node.url
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{node.port}/v1/health", timeout=5)
+
+
+def test_the_unsubscribe_hint_names_every_client_and_where_it_starts_again() -> None:
+    from canal_server.instance import _unsubscribe_hint
+
+    one = _unsubscribe_hint("d", ["a"])
+    assert "acked cursor of client 'a'" in one and "unsubscribe it " in one
+    two = _unsubscribe_hint("d", ["a", "b"])
+    assert "acked cursors of clients 'a', 'b'" in two and "unsubscribe them " in two
+    assert "DELETE /v1/destinations/d/clients/b/subscription" in two
+    for hint in (one, two):  # a new subscription starts where its `start` says
+        assert "origin" not in hint and "latest" in hint, hint

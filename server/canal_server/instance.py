@@ -249,10 +249,12 @@ def _unsubscribe_hint(destination: str, clients: Sequence[str]) -> str:
         f"DELETE /v1/destinations/{destination}/clients/{c}/subscription" for c in clients
     )
     names = ", ".join(repr(c) for c in clients)
+    several = len(clients) > 1
+    whose = f"cursors of clients {names}" if several else f"cursor of client {names}"
     return (
-        f"; it is the acked cursor of client {names}: to go on without the changes it has "
-        f"not read, unsubscribe it ({routes}; subscribed again, it starts at the "
-        f"destination's origin)"
+        f"; it is the acked {whose}: to go on without the changes not read yet, "
+        f"unsubscribe {'them' if several else 'it'} ({routes}); subscribed again, a client "
+        f"starts where its subscription's `start` says (latest by default)"
     )
 
 
