@@ -21,7 +21,7 @@ from canal_cluster.retry import wait_until
 from canal_ha.cli import build_parser
 from canal_ha.sandbox import Sandbox
 from canal_protocol.entry import Entry
-from canal_protocol.errors import ConfigError, InvalidArgument
+from canal_protocol.errors import ConfigError, CoordinatorUnavailable, InvalidArgument
 from canal_protocol.positions import EntryPosition, LogPosition
 from canal_server.embedded import EmbeddedServer
 from canal_server.meta import MemoryMetaManager
@@ -62,6 +62,34 @@ def test_latest_earliest_and_a_position_with_several_clients() -> None:
     assert _all(server, "b") == new
     assert _all(server, "c") == old[2:] + new
     assert _all(server, "d") == old[3:] + new
+
+
+class _FlakyMeta(MemoryMetaManager):
+    """A meta manager whose first flush to etcd fails (etcd unreachable for a moment)."""
+
+    def __init__(self) -> None:
+        super().__init__("d")
+        self.flushed_versions: list[int] = []
+        self._fail = True
+
+    def flush(self) -> bool:
+        if self._fail:
+            self._fail = False
+            raise CoordinatorUnavailable("etcd: connection refused")
+        self.flushed_versions.append(self.version)
+        return True
+
+
+def test_a_retried_subscribe_after_a_failed_flush_still_reaches_etcd() -> None:
+    """The first subscribe answered 503 (its flush failed) but stayed in memory: the
+    client's retry must flush the start before answering, though nothing changes."""
+    meta = _FlakyMeta()
+    server = EmbeddedServer("d", EventStore("d", buffer_size=16), meta)
+    with pytest.raises(CoordinatorUnavailable):
+        server.subscribe("a")
+    again = server.subscribe("a")
+    assert not again.created
+    assert meta.flushed_versions == [meta.version]
 
 
 def test_a_position_outside_what_is_held_is_refused_naming_start() -> None:

@@ -179,8 +179,10 @@ class EmbeddedServer:
         if state.filter is not flt:
             with state.lock:  # never while holding self._lock: lock order is client → server
                 state.filter = flt
-        if created or changed:  # in etcd before the answer: a new leader keeps the start
-            self.meta.flush()
+        # In etcd before the answer, so a new leader keeps the start: also for a retry of
+        # a subscribe whose flush failed (it stayed in memory); the flush writes only what
+        # changed since the last one, so a repeated subscribe costs nothing.
+        self.meta.flush()
         if created:
             log.info(
                 "%s: client %s subscribed, filter %r, start %s: cursor %s",
