@@ -103,6 +103,9 @@ def test_render_toml_round_trips() -> None:
             {"node": {"id": "n"}, "destinations": {"bad/d": {"master": {"address": "h:1"}}}},
             "destinations",
         ),
+        ({"node": {"id": "n"}, "destinations": {".": {"master": {"address": "h:1"}}}}, "dest"),
+        ({"node": {"id": "n"}, "destinations": {"..": {"master": {"address": "h:1"}}}}, "dest"),
+        ({"node": {"id": ".."}, "destinations": {}}, "node.id"),
     ],
 )
 def test_bad_values_name_the_key(data: dict[str, Any], key: str) -> None:

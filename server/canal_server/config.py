@@ -72,7 +72,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from canal_cluster.keys import Keys
+from canal_cluster.keys import Keys, validate_id
 from canal_cluster.running import ElectionConfig
 from canal_protocol.errors import ConfigError, InvalidArgument
 from canal_server.filter import EventFilter
@@ -104,9 +104,11 @@ def _port_in_range(port: int, value: str) -> None:
 
 
 def _check_id(value: str) -> str:
-    if _ID.fullmatch(value) is None:
-        raise ValueError(f"must match [A-Za-z0-9_.-]{{1,64}}, got {value!r}")
-    return value
+    """The id rule of ``canal_cluster.keys.validate_id``, as a pydantic ValueError."""
+    try:
+        return validate_id(value, "id")
+    except InvalidArgument as exc:
+        raise ValueError(exc.reason) from None
 
 
 class _Section(BaseModel):

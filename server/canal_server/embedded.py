@@ -211,7 +211,8 @@ class EmbeddedServer:
         return {c: self.meta.subscription(c) or "" for c in self.meta.clients()}
 
     def cursor(self, client: str) -> LogPosition | None:
-        """The position of the client's last acked entry (None before its first ack)."""
+        """The client's cursor: its last acked entry, or where its subscription started
+        (None only for a client subscribed before subscriptions recorded their start)."""
         self._state(client)
         return self.meta.cursor(client)
 
