@@ -86,7 +86,6 @@ __all__ = [
     "render_toml",
 ]
 
-_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _HOST_PORT = re.compile(r"(?P<host>[A-Za-z0-9_.:\[\]-]+):(?P<port>\d{1,5})")
 
 
