@@ -35,8 +35,9 @@ class EntryPosition:
     """A point in one server's binlog.
 
     ``journal``/``offset`` locate it (offset = start of the next event); ``gtid`` is
-    the MariaDB GTID state *including* the transaction at this position (e.g.
-    ``"0-1-42"``, comma separated for several domains); ``timestamp_ms`` the commit
+    the MariaDB GTID state to resume from (e.g. ``"0-1-42"``, comma separated for
+    several domains): including the transaction that ends at this position, the state
+    before it when the position lies inside a transaction; ``timestamp_ms`` the commit
     time; ``included`` is Canal's flag (True: the event at this position was already
     consumed, resume after it).
     """

@@ -15,7 +15,12 @@
 4. History from another address (database switch): search by
    ``timestamp - fallback_interval_s``.
 5. A start inside a transaction moves back to its BEGIN (MariaDB: its GTID event):
-   when the caller asks (a table map was missing) or the position came from config.
+   a configured position, a history position (a client cursor is the end of a batch,
+   and batches are cut by entry count), or when the caller asks. The entries of that
+   transaction the clients already acked are not delivered again: the store hands a
+   client only what lies after its cursor. In GTID mode the history's GTID state is
+   the resume point: an entry inside a transaction carries the state before it
+   (``canal_server.parse.transaction``), so a resume there reads it again.
 
 File positions are checked against SHOW BINARY LOGS (PurgedPosition, with what the
 operator can do) and get their GTID state from BINLOG_GTID_POS, so they also serve a
@@ -175,7 +180,8 @@ class PositionFinder:
 
         ``dump_errors``: consecutive dump failures so far; ``previous_server_id``: the
         server id seen on this address before (default: the history position's);
-        ``need_transaction_begin``: the reader found itself inside a transaction.
+        ``need_transaction_begin``: check any file position for a transaction around
+        it (configured and history positions are always checked).
         """
         dest = self.config.destination
         identity = LogIdentity(link.address, self.config.slave_id)
@@ -344,7 +350,7 @@ class _Run:
         self, pos: EntryPosition, reason: FindReason, identity: LogIdentity, need_begin: bool
     ) -> FoundPosition:
         reasons = [reason]
-        if need_begin or reason is FindReason.CONFIG_POSITION:
+        if need_begin or reason in (FindReason.CONFIG_POSITION, FindReason.HISTORY):
             begin = self.search.transaction_begin(pos.journal, pos.offset)
             if begin != pos.offset:
                 log.warning(
