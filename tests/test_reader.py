@@ -206,6 +206,49 @@ def test_resume_by_gtid(db: Sandbox) -> None:
     _resume_case(db, "t_reader_resume_gtid", gtid_mode=True, slave_id=6103)
 
 
+def test_resume_by_gtid_from_inside_a_transaction_reads_it_again_on_the_replica(
+    db: Sandbox,
+) -> None:
+    """A cursor inside a transaction (batches are cut by entry count), read on the
+    primary; a resume by its GTID state alone on the replica (another database, other
+    offsets) reads that transaction again from its BEGIN instead of skipping it."""
+    name = "t_reader_resume_inside"
+    db.primary.execute(
+        f"DROP DATABASE IF EXISTS {name}",
+        f"CREATE DATABASE {name}",
+        f"CREATE TABLE {name}.t (id INT PRIMARY KEY)",
+    )
+    start = here(db)
+    db.primary.execute(
+        "BEGIN",
+        *(f"INSERT INTO {name}.t VALUES ({i})" for i in range(1, 4)),
+        "COMMIT",
+        f"INSERT INTO {name}.t VALUES (4)",
+    )
+    run = start_reader(config(db, 6108, gtid_mode=True), start)
+    try:
+        full = run.wait_for(lambda es: ends(es) >= 2, "2 transactions")
+    finally:
+        run.stop()
+    assert summary(full)[:5] == [
+        ("TRANSACTIONBEGIN", "GTID", ""), ("ROWDATA", "INSERT", "t"),
+        ("ROWDATA", "INSERT", "t"), ("ROWDATA", "INSERT", "t"), ("TRANSACTIONEND", "QUERY", ""),
+    ]  # fmt: skip
+    cursor = full[2].position()  # after the second row: inside the transaction
+    db.replica.wait_caught_up(db.primary)
+    standby = ReaderConfig(
+        master=db.replica.dsn(), slave_id=6108, retry=FAST_RETRY, gtid_mode=True
+    )
+    again = start_reader(standby, EntryPosition(gtid=cursor.gtid))
+    try:
+        last = full[-1].header.gtid  # the END of the next transaction
+        rest = again.wait_for(lambda es: any(e.header.gtid == last for e in es), last)
+    finally:
+        again.stop()
+    assert [_key(e)[:2] for e in rest] == [_key(e)[:2] for e in full]  # (GTID, type)
+    assert [e.rows for e in rest] == [e.rows for e in full]
+
+
 def _kill_dump(box: Sandbox, reader: BinlogReader) -> int:
     wait_until(lambda: reader.dump_thread_id is not None, "dump connection", 60)
     tid = reader.dump_thread_id
