@@ -215,7 +215,7 @@ def test_config_journal_and_offset_is_used(primary: MariaDBServer, timeline: Tim
     assert found.reasons == (R.CONFIG_POSITION,)
     assert (found.position.journal, found.position.offset) == (b.journal, end)
     assert _seq(found.position.gtid) == b.seqs[0]
-    assert found.identity == LogIdentity(_address(primary), 0)
+    assert found.identity == LogIdentity(_address(primary), 0, primary.server_id)
 
 
 def test_config_offset_inside_transaction_moves_to_its_begin(
