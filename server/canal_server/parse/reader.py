@@ -22,8 +22,9 @@ Identity: ``identity.source_server_id`` is the ``@@server_id`` of the database t
 sends the dump (the server id of the dump's first, made-up Rotate event; replicated
 events keep their origin's). When a reconnect by file and offset reaches another
 database at the same address (a moved VIP), the file and offset mean nothing there:
-``run`` returns ``RunResult.SWITCHED`` before reading anything, so the finder chooses
-a start position on that database. A reconnect by GTID reads on (GTIDs are global).
+``run`` returns ``RunResult.SWITCHED`` before reading anything (also when that database
+refuses the position), so the finder chooses a start position on that database. A
+reconnect by GTID reads on (GTIDs are global).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from canal_protocol.errors import (
 )
 from canal_protocol.positions import EntryPosition, LogIdentity
 from canal_server.parse import binlog_stream
+from canal_server.parse.binlog_search import SqlBinlogInspector
 from canal_server.parse.finder import DatabaseLink
 from canal_server.parse.transaction import Sink, TransactionAssembler, gtid_state_at
 
@@ -207,6 +209,8 @@ class BinlogReader:
             except (BinlogConfigError, PurgedPosition):
                 if self._stop.is_set():
                     break
+                if self._another_database():
+                    return RunResult.SWITCHED
                 raise
             except (BinlogError, pymysql.err.MySQLError, OSError) as exc:
                 if self._stop.is_set() or self._switch.is_set():
@@ -272,6 +276,17 @@ class BinlogReader:
                 self._dump_errors = 0  # a real event: this dump works
             asm.on_event(ev)
             self._last = asm.committed
+
+    def _another_database(self) -> bool:
+        """After a refused dump: True when another database answers at the address than
+        the one this run read (a moved VIP without our file): the finder must choose."""
+        if not self._server_id:
+            return False
+        try:
+            now = SqlBinlogInspector(self._source).server_id()
+        except (pymysql.err.MySQLError, OSError):
+            return False
+        return not self._same_database(now, by_gtid=False)
 
     def _same_database(self, server_id: int, by_gtid: bool) -> bool:
         """Record the server id of the database that sends this dump; False (and the
