@@ -402,6 +402,23 @@ def test_dump_errors_and_changed_server_id_fall_back_by_time(
     assert a.seqs[-1] < b.seqs[0]
 
 
+def test_history_of_another_database_at_the_same_address_falls_back_at_once(
+    primary: MariaDBServer, timeline: Timeline
+) -> None:
+    """A moved VIP seen by the history's identity (the @@server_id it was read from):
+    no dump errors needed. The same database keeps its history even when the events
+    there came from another server (replicated events keep their origin's id)."""
+    b = timeline.b
+    position = EntryPosition(b.journal, 4, 99, "", (b.after_s + 1) * 1000)
+    other = LogPosition(LogIdentity(_address(primary), 0, primary.server_id + 1), position)
+    found = _finder(other, fallback_interval_s=1).find(_link(primary))
+    assert found.reasons == (R.FALLBACK_SERVER_ID_CHANGED,)
+    _assert_after(found, b.journal, b.seqs[-1])
+    assert found.identity == LogIdentity(_address(primary), 0, primary.server_id)
+    same = LogPosition(LogIdentity(_address(primary), 0, primary.server_id), position)
+    assert _finder(same).find(_link(primary), dump_errors=5).reasons == (R.HISTORY,)
+
+
 def test_history_from_another_source_falls_back_by_time(box: Sandbox, timeline: Timeline) -> None:
     """History read from the standby; we are connected to the primary now."""
     b = timeline.b
