@@ -215,7 +215,7 @@ def test_config_journal_and_offset_is_used(primary: MariaDBServer, timeline: Tim
     assert found.reasons == (R.CONFIG_POSITION,)
     assert (found.position.journal, found.position.offset) == (b.journal, end)
     assert _seq(found.position.gtid) == b.seqs[0]
-    assert found.identity == LogIdentity(_address(primary), 0)
+    assert found.identity == LogIdentity(_address(primary), 0, primary.server_id)
 
 
 def test_config_offset_inside_transaction_moves_to_its_begin(
@@ -241,10 +241,19 @@ def test_history_inside_transaction_moves_when_reader_asks(
         LogIdentity(_address(primary)), EntryPosition(journal, starts[-3], 1, "", 1)
     )
     finder = _finder(history)
-    assert finder.find(_link(primary)).position.offset == starts[-3]
-    found = finder.find(_link(primary), need_transaction_begin=True)
-    assert found.reasons == (R.HISTORY, R.MOVED_TO_TRANSACTION_BEGIN)
-    assert found.position.offset == begin
+    # Asked or not: a history position can be a client cursor, and batches are cut by
+    # entry count, so it can lie inside a transaction.
+    for found in (
+        finder.find(_link(primary)),
+        finder.find(_link(primary), need_transaction_begin=True),
+    ):
+        assert found.reasons == (R.HISTORY, R.MOVED_TO_TRANSACTION_BEGIN)
+        assert found.position.offset == begin
+        assert _seq(found.position.gtid) == timeline.txn_seq - 1
+    # A history position at a transaction's end stays where it is.
+    _, end, _ = _txn_span(primary, journal, timeline.txn_seq)
+    at_end = LogPosition(history.identity, EntryPosition(journal, end, 1, "", 1))
+    assert _finder(at_end).find(_link(primary)).reasons == (R.HISTORY,)
 
 
 def test_config_journal_and_time_searches_that_file(
@@ -391,6 +400,23 @@ def test_dump_errors_and_changed_server_id_fall_back_by_time(
     with_standby = _finder(history, fallback_interval_s=1, standby=standby)
     assert with_standby.find(_link(primary), dump_errors=3).reason is R.HISTORY
     assert a.seqs[-1] < b.seqs[0]
+
+
+def test_history_of_another_database_at_the_same_address_falls_back_at_once(
+    primary: MariaDBServer, timeline: Timeline
+) -> None:
+    """A moved VIP seen by the history's identity (the @@server_id it was read from):
+    no dump errors needed. The same database keeps its history even when the events
+    there came from another server (replicated events keep their origin's id)."""
+    b = timeline.b
+    position = EntryPosition(b.journal, 4, 99, "", (b.after_s + 1) * 1000)
+    other = LogPosition(LogIdentity(_address(primary), 0, primary.server_id + 1), position)
+    found = _finder(other, fallback_interval_s=1).find(_link(primary))
+    assert found.reasons == (R.FALLBACK_SERVER_ID_CHANGED,)
+    _assert_after(found, b.journal, b.seqs[-1])
+    assert found.identity == LogIdentity(_address(primary), 0, primary.server_id)
+    same = LogPosition(LogIdentity(_address(primary), 0, primary.server_id), position)
+    assert _finder(same).find(_link(primary), dump_errors=5).reasons == (R.HISTORY,)
 
 
 def test_history_from_another_source_falls_back_by_time(box: Sandbox, timeline: Timeline) -> None:

@@ -225,7 +225,10 @@ def test_resume_from_a_position_inside_the_files(tmp_path: Path) -> None:
     entries = run.until((name, 3331))
     assert [r[1] for r in rows(entries)] == ["UPDATE", "DELETE"]
     uuid = "93e95066-a2f4-11ec-9b69-9657f0ae95e2"
-    assert entries[0].gtid_state == f"{uuid}:1-4"
+    assert entries[0].type is EntryType.TRANSACTIONBEGIN
+    assert entries[0].gtid_state == f"{uuid}:1-3"  # inside its transaction: the state before
+    end = next(e for e in entries if e.type is EntryType.TRANSACTIONEND)
+    assert end.gtid_state == f"{uuid}:1-4"
 
 
 def test_partial_json_update_is_refused_with_the_reason(tmp_path: Path) -> None:

@@ -16,9 +16,11 @@ from pymysqlreplication.column import Column as LibColumn
 from pymysqlreplication.constants import FIELD_TYPE
 from pymysqlreplication.event import MariadbGtidEvent, XidEvent
 from pymysqlreplication.row_event import WriteRowsEvent
+from reader_fixtures import collect_leaked_sockets
 
 from canal_cluster.retry import RetryPolicy, wait_until
 from canal_ha.sandbox import Sandbox
+from canal_ha.sandbox.mariadb import MariaDBServer
 from canal_protocol.entry import Entry, EntryType, EventType
 from canal_protocol.positions import EntryPosition
 from canal_server.parse.reader import BinlogReader, DetectingConfig, ReaderConfig, RunResult
@@ -148,7 +150,13 @@ def test_transactions_give_the_exact_entry_sequence(db: Sandbox) -> None:
             assert a.header.end_offset == b.header.offset
     gtids = [e.header.gtid for e in entries]
     assert all(g.startswith("0-1-") for g in gtids)
-    assert all(e.gtid_state == e.header.gtid for e in entries)  # one domain
+    last = ""  # the state to resume from: including the transaction at its END or DDL,
+    for e in entries:  # the state before it inside it (one domain: the previous GTID)
+        if e.type == EntryType.TRANSACTIONEND or e.is_ddl:
+            assert e.gtid_state == e.header.gtid
+            last = e.gtid_state
+        else:
+            assert last and e.gtid_state == last, e
     assert len(set(gtids)) == 8
     assert all(e.header.server_id == db.primary.server_id for e in entries)
     assert all(e.header.timestamp_ms > 1_600_000_000_000 for e in entries)
@@ -198,6 +206,47 @@ def test_resume_by_file_offset_from_a_transaction_end(db: Sandbox) -> None:
 
 def test_resume_by_gtid(db: Sandbox) -> None:
     _resume_case(db, "t_reader_resume_gtid", gtid_mode=True, slave_id=6103)
+
+
+def test_resume_by_gtid_from_inside_a_transaction_reads_it_again_on_the_replica(
+    db: Sandbox,
+) -> None:
+    """A cursor inside a transaction (batches are cut by entry count), read on the
+    primary; a resume by its GTID state alone on the replica (another database, other
+    offsets) reads that transaction again from its BEGIN instead of skipping it."""
+    name = "t_reader_resume_inside"
+    db.primary.execute(
+        f"DROP DATABASE IF EXISTS {name}",
+        f"CREATE DATABASE {name}",
+        f"CREATE TABLE {name}.t (id INT PRIMARY KEY)",
+    )
+    start = here(db)
+    db.primary.execute(
+        "BEGIN",
+        *(f"INSERT INTO {name}.t VALUES ({i})" for i in range(1, 4)),
+        "COMMIT",
+        f"INSERT INTO {name}.t VALUES (4)",
+    )
+    run = start_reader(config(db, 6108, gtid_mode=True), start)
+    try:
+        full = run.wait_for(lambda es: ends(es) >= 2, "2 transactions")
+    finally:
+        run.stop()
+    assert summary(full)[:5] == [
+        ("TRANSACTIONBEGIN", "GTID", ""), ("ROWDATA", "INSERT", "t"),
+        ("ROWDATA", "INSERT", "t"), ("ROWDATA", "INSERT", "t"), ("TRANSACTIONEND", "QUERY", ""),
+    ]  # fmt: skip
+    cursor = full[2].position()  # after the second row: inside the transaction
+    db.replica.wait_caught_up(db.primary)
+    standby = ReaderConfig(master=db.replica.dsn(), slave_id=6108, retry=FAST_RETRY, gtid_mode=True)
+    again = start_reader(standby, EntryPosition(gtid=cursor.gtid))
+    try:
+        last = full[-1].header.gtid  # the END of the next transaction
+        rest = again.wait_for(lambda es: any(e.header.gtid == last for e in es), last)
+    finally:
+        again.stop()
+    assert [_key(e)[:2] for e in rest] == [_key(e)[:2] for e in full]  # (GTID, type)
+    assert [e.rows for e in rest] == [e.rows for e in full]
 
 
 def _kill_dump(box: Sandbox, reader: BinlogReader) -> int:
@@ -378,6 +427,41 @@ def test_heartbeat_switches_to_the_standby(make_sandbox: Any) -> None:
     with warnings.catch_warnings():  # sockets the sandbox start leaked (see reader_fixtures)
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()
+
+
+def test_another_database_at_the_same_address_ends_a_file_offset_resume(
+    make_sandbox: Any,
+) -> None:
+    """A moved VIP: the replica answers at the primary's address. Resuming there by the
+    primary's file and offset would read the replica's binlog from a point that means
+    nothing on it (here the file name exists there too, so the server does not refuse):
+    the run ends SWITCHED before anything is read, so the finder chooses the start."""
+    box = make_sandbox(standby=True)
+    primary, replica = box.primary, box.replica
+    primary.execute("FLUSH BINARY LOGS")  # not replicated: the primary's file .000002
+    replica.wait_caught_up(primary)
+    cfg = ReaderConfig(master=primary.dsn(), slave_id=6109, retry=FAST_RETRY, heartbeat_s=1.0)
+    run = start_reader(cfg, EntryPosition(here(box).journal, 4))  # valid on both servers
+    try:
+        wait_until(lambda: run.reader.identity.source_server_id != 0, "first dump", 60)
+        assert run.reader.identity.source_server_id == primary.server_id
+        primary.kill()
+        replica.promote()
+        replica.stop()
+        moved = MariaDBServer("moved", replica.root, replica.server_id, primary.port)
+        moved.start()  # a restart begins its binlog .000002: the reader's file exists
+        box.add_process(moved.process)
+        assert run.reader.last_position is not None
+        assert run.reader.last_position.journal in moved.binlog_files()
+        moved.execute("CREATE DATABASE t_reader_vip")
+        wait_until(lambda: bool(run.result), "reader returned", 60)
+    finally:
+        run.stop()
+    assert run.result == [RunResult.SWITCHED]
+    assert run.entries == []  # nothing read from the moved address before the switch
+    assert run.reader.identity.source_server_id == replica.server_id
+    box.stop()
+    collect_leaked_sockets()
 
 
 def test_a_blocking_sink_holds_the_reader_back_without_loss(db: Sandbox) -> None:

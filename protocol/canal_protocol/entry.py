@@ -360,8 +360,9 @@ class Entry:
     """One entry of a batch.
 
     ``images`` holds a rows event's rows compactly; ``rows`` is Canal's per-column
-    view of them, made on first use. ``gtid_state`` is the GTID state after this
-    entry's transaction (the server's, for GTID resume); it is not part of the wire
+    view of them, made on first use. ``gtid_state`` is the server's GTID state to
+    resume from after this entry: after its transaction for a TRANSACTIONEND or DDL,
+    before it for the entries inside a transaction; it is not part of the wire
     form, so an entry read from the wire has ``""``.
     """
 

@@ -35,8 +35,9 @@ class EntryPosition:
     """A point in one server's binlog.
 
     ``journal``/``offset`` locate it (offset = start of the next event); ``gtid`` is
-    the MariaDB GTID state *including* the transaction at this position (e.g.
-    ``"0-1-42"``, comma separated for several domains); ``timestamp_ms`` the commit
+    the MariaDB GTID state to resume from (e.g. ``"0-1-42"``, comma separated for
+    several domains): including the transaction that ends at this position, the state
+    before it when the position lies inside a transaction; ``timestamp_ms`` the commit
     time; ``included`` is Canal's flag (True: the event at this position was already
     consumed, resume after it).
     """
@@ -84,17 +85,30 @@ class EntryPosition:
 
 @dataclass(frozen=True, order=True)
 class LogIdentity:
-    """Where a position came from: the database address and our replication slave id."""
+    """Where a position came from: the database address, our replication slave id, and
+    the ``@@server_id`` of the database that answered there (``source_server_id``; 0:
+    not known). A VIP can move to another database: positions read from two databases
+    behind one address have different identities, so they are never compared by offset.
+    """
 
     source_address: str = ""
     slave_id: int = 0
+    source_server_id: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source_address": self.source_address, "slave_id": self.slave_id}
+        return {
+            "source_address": self.source_address,
+            "slave_id": self.slave_id,
+            "source_server_id": self.source_server_id,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LogIdentity:
-        return cls(str(d.get("source_address", "")), int(d.get("slave_id", 0)))
+        return cls(
+            str(d.get("source_address", "")),
+            int(d.get("slave_id", 0)),
+            int(d.get("source_server_id", 0)),
+        )
 
 
 @dataclass(frozen=True, order=True)

@@ -81,6 +81,9 @@ START_DOC = (
 class IdentityIn(_Request):
     source_address: str = Field(default="", max_length=255, description="host:port")
     slave_id: int = Field(default=0, ge=0, le=MAX_INT64)
+    source_server_id: int = Field(
+        default=0, ge=0, le=MAX_INT64, description="@@server_id of the database read; 0 = unknown"
+    )
 
 
 class EntryPositionIn(_Request):

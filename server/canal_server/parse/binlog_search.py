@@ -238,6 +238,9 @@ def _next(stream: Any, journal: str, offset: int) -> Any:
 # -- boundaries ---------------------------------------------------------------------------
 
 
+_GROUP_STARTS = (EventKind.BEGIN, EventKind.STANDALONE, EventKind.GTID)
+
+
 def _after_gtid(ev: BinlogEvent, group: EventKind | None) -> bool:
     """MySQL's BEGIN belongs to the GTID event before it (the group started there)."""
     return ev.kind is EventKind.BEGIN and group is EventKind.GTID
@@ -373,7 +376,24 @@ class BinlogSearch:
         return found or self.first_event_time(journal)
 
     def transaction_begin(self, journal: str, offset: int) -> int:
-        """Start of the transaction that ``offset`` falls inside, else ``offset``."""
+        """Start of the transaction that ``offset`` falls inside, else ``offset``.
+
+        Cheap when ``offset`` is a boundary: the events from there are read up to the
+        first that opens or closes a group; only when a group closes first (``offset``
+        lies inside it) is the file scanned from its start for the group's first event.
+        """
+        if offset <= BINLOG_START_OFFSET or self._opens_group(journal, offset):
+            return offset
         with closing(self.source.read(journal, BINLOG_START_OFFSET)) as events:
             start = open_group_start(events, offset)
         return offset if start is None else start
+
+    def _opens_group(self, journal: str, offset: int) -> bool:
+        """The first event at ``offset`` that marks a boundary starts a group (a GTID
+        event, BEGIN), or there is none: ``offset`` is a boundary. False when a COMMIT or
+        another statement comes first (``offset`` may lie inside a group)."""
+        with closing(self.source.read(journal, offset)) as events:
+            for ev in events:
+                if ev.kind is not EventKind.OTHER:
+                    return ev.kind in _GROUP_STARTS
+        return True

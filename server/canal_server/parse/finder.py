@@ -9,13 +9,20 @@
    or standby): journal+offset as is; journal+timestamp → search that file by time
    (its start if nothing is older); timestamp only → search every binlog by time;
    nothing → the current end (SHOW MASTER STATUS).
-3. History from the same address: reuse it; but after more than
-   ``dump_error_threshold`` dump errors, with no standby configured and a changed
-   server id (a VIP switch), search by ``timestamp - fallback_interval_s``.
+3. History from the same address: reuse it; but when another database answers there
+   now (a moved VIP: the history's identity names another ``@@server_id``; for
+   positions recorded without one, Canal's rule: more than ``dump_error_threshold``
+   dump errors, no standby configured and a changed server id), search by
+   ``timestamp - fallback_interval_s``.
 4. History from another address (database switch): search by
    ``timestamp - fallback_interval_s``.
 5. A start inside a transaction moves back to its BEGIN (MariaDB: its GTID event):
-   when the caller asks (a table map was missing) or the position came from config.
+   a configured position, a history position (a client cursor is the end of a batch,
+   and batches are cut by entry count), or when the caller asks. The entries of that
+   transaction the clients already acked are not delivered again: the store hands a
+   client only what lies after its cursor. In GTID mode the history's GTID state is
+   the resume point: an entry inside a transaction carries the state before it
+   (``canal_server.parse.transaction``), so a resume there reads it again.
 
 File positions are checked against SHOW BINARY LOGS (PurgedPosition, with what the
 operator can do) and get their GTID state from BINLOG_GTID_POS, so they also serve a
@@ -113,11 +120,14 @@ class LatestPositions(Protocol):
 
 @dataclass(frozen=True)
 class DatabaseLink:
-    """The database we are connected to now: its address and how to look into it."""
+    """The database we are connected to now: its address and how to look into it.
+    ``identifies_server``: positions read there name the database's ``@@server_id``
+    (a network source; not a directory of binlog files)."""
 
     address: str
     inspector: BinlogInspector
     source: EventSource
+    identifies_server: bool = True
 
     @classmethod
     def connect(cls, conn: Mapping[str, Any], slave_id: int) -> DatabaseLink:
@@ -175,17 +185,18 @@ class PositionFinder:
 
         ``dump_errors``: consecutive dump failures so far; ``previous_server_id``: the
         server id seen on this address before (default: the history position's);
-        ``need_transaction_begin``: the reader found itself inside a transaction.
+        ``need_transaction_begin``: check any file position for a transaction around
+        it (configured and history positions are always checked).
         """
         dest = self.config.destination
-        identity = LogIdentity(link.address, self.config.slave_id)
+        search = BinlogSearch(link.inspector, link.source)
+        run = _Run(self.config, link, search, dump_errors, previous_server_id)
+        identity = LogIdentity(link.address, self.config.slave_id, run.identity_server_id())
         history = self.positions.get_latest(dest)
         gtid_start = self._gtid_start(history) if self.config.gtid_mode else None
         if gtid_start is not None:
             found = FoundPosition(gtid_start[0], identity, (gtid_start[1],))
         else:
-            search = BinlogSearch(link.inspector, link.source)
-            run = _Run(self.config, link, search, dump_errors, previous_server_id)
             position, reason = run.internal(history)
             found = run.finish(position, reason, identity, need_transaction_begin)
         log.info(
@@ -229,6 +240,10 @@ class _Run:
             self._server_id = self.link.inspector.server_id()
         return self._server_id
 
+    def identity_server_id(self) -> int:
+        """The ``source_server_id`` of positions read on the link (0: files)."""
+        return self.server_id() if self.link.identifies_server else 0
+
     # -- branches 2-4 ------------------------------------------------------------
 
     def internal(self, history: LogPosition | None) -> tuple[EntryPosition, FindReason]:
@@ -236,13 +251,22 @@ class _Run:
             return self.from_config()
         if not _same_address(history.identity.source_address, self.link.address):
             return self.fall_back(history, FindReason.FALLBACK_SOURCE_SWITCH)
-        if self.vip_switched(history):
+        if self.other_database(history):
             return self.fall_back(history, FindReason.FALLBACK_SERVER_ID_CHANGED)
         self.check_exists(history.position, "the last position of this destination")
         return history.position, FindReason.HISTORY
 
+    def other_database(self, history: LogPosition) -> bool:
+        """The history was read from another database than the one at its address now:
+        its identity names another ``@@server_id``; without one, ``vip_switched``."""
+        known = history.identity.source_server_id
+        if known:
+            return known != self.identity_server_id()
+        return self.vip_switched(history)
+
     def vip_switched(self, history: LogPosition) -> bool:
-        """Too many dump errors, no standby configured, and another server id now."""
+        """Positions without a ``source_server_id`` (recorded before it was kept): too
+        many dump errors, no standby configured, and another server id now."""
         threshold = self.config.dump_error_threshold
         if threshold < 0 or self.dump_errors <= threshold:
             return False
@@ -344,7 +368,7 @@ class _Run:
         self, pos: EntryPosition, reason: FindReason, identity: LogIdentity, need_begin: bool
     ) -> FoundPosition:
         reasons = [reason]
-        if need_begin or reason is FindReason.CONFIG_POSITION:
+        if need_begin or reason in (FindReason.CONFIG_POSITION, FindReason.HISTORY):
             begin = self.search.transaction_begin(pos.journal, pos.offset)
             if begin != pos.offset:
                 log.warning(

@@ -298,7 +298,10 @@ class LocalBinlogReader:
     def link(self) -> DatabaseLink:
         """The finder's view of the directory."""
         return DatabaseLink(
-            self._dir.address, LocalBinlogInspector(self._dir), LocalEventSource(self._dir)
+            self._dir.address,
+            LocalBinlogInspector(self._dir),
+            LocalEventSource(self._dir),
+            identifies_server=False,
         )
 
     def binlog_end(self) -> dict[str, Any] | None:

@@ -17,6 +17,14 @@ RetryPolicy's backoff. If part of the interrupted transaction had already been
 handed to the sink, the same number of entries of the replayed transaction (same
 GTID) is skipped, so nothing is delivered twice. ``dump_error_count`` counts
 consecutive failed dumps and is reset by the first event read after a reconnect.
+
+Identity: ``identity.source_server_id`` is the ``@@server_id`` of the database that
+sends the dump (the server id of the dump's first, made-up Rotate event; replicated
+events keep their origin's). When a reconnect by file and offset reaches another
+database at the same address (a moved VIP), the file and offset mean nothing there:
+``run`` returns ``RunResult.SWITCHED`` before reading anything (also when that database
+refuses the position), so the finder chooses a start position on that database. A
+reconnect by GTID reads on (GTIDs are global).
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from canal_protocol.errors import (
 )
 from canal_protocol.positions import EntryPosition, LogIdentity
 from canal_server.parse import binlog_stream
+from canal_server.parse.binlog_search import SqlBinlogInspector
 from canal_server.parse.finder import DatabaseLink
 from canal_server.parse.transaction import Sink, TransactionAssembler, gtid_state_at
 
@@ -130,12 +139,13 @@ class BinlogReader:
         self._dump_errors = 0
         self._last: EntryPosition | None = None
         self._skip: tuple[str, int] = ("", 0)
+        self._server_id = 0  # @@server_id of the database read (0: no dump yet)
 
     # -- public state
 
     @property
     def identity(self) -> LogIdentity:
-        return LogIdentity(address_of(self._source), self.config.slave_id)
+        return LogIdentity(address_of(self._source), self.config.slave_id, self._server_id)
 
     @property
     def source(self) -> Mapping[str, Any]:
@@ -180,6 +190,7 @@ class BinlogReader:
             raise ValueError(f"start position needs a journal or a GTID state: {start}")
         self._switch.clear()
         self._last = start
+        self._server_id = 0  # the finder chose ``start`` on whatever database answers now
         detector = self._start_detector()
         try:
             return self._dump_loop(start)
@@ -198,6 +209,8 @@ class BinlogReader:
             except (BinlogConfigError, PurgedPosition):
                 if self._stop.is_set():
                     break
+                if self._another_database():
+                    return RunResult.SWITCHED
                 raise
             except (BinlogError, pymysql.err.MySQLError, OSError) as exc:
                 if self._stop.is_set() or self._switch.is_set():
@@ -243,22 +256,58 @@ class BinlogReader:
         if self._stop.is_set() or self._switch.is_set():
             self._interrupt()
         try:
-            self._read(stream, asm)
+            self._read(stream, asm, by_gtid=bool(self.config.gtid_mode and start.gtid))
         finally:
             self._skip = asm.resume_skip
             with self._lock:
                 self._stream = None
             stream.close()
 
-    def _read(self, stream: Any, asm: TransactionAssembler) -> None:
+    def _read(self, stream: Any, asm: TransactionAssembler, by_gtid: bool) -> None:
         while not (self._stop.is_set() or self._switch.is_set()):
             ev = binlog_stream.next_event(stream)
             if ev is None:
                 raise BinlogConnectionLost("the server ended the binlog dump")
-            if self._dump_errors and not binlog_stream.event_span(ev).artificial:
+            span = binlog_stream.event_span(ev)
+            if span.artificial and isinstance(ev, RotateEvent):
+                if not self._same_database(span.server_id, by_gtid):
+                    return
+            elif self._dump_errors and not span.artificial:
                 self._dump_errors = 0  # a real event: this dump works
             asm.on_event(ev)
             self._last = asm.committed
+
+    def _another_database(self) -> bool:
+        """After a refused dump: True when another database answers at the address than
+        the one this run read (a moved VIP without our file): the finder must choose."""
+        if not self._server_id:
+            return False
+        try:
+            now = SqlBinlogInspector(self._source).server_id()
+        except (pymysql.err.MySQLError, OSError):
+            return False
+        return not self._same_database(now, by_gtid=False)
+
+    def _same_database(self, server_id: int, by_gtid: bool) -> bool:
+        """Record the server id of the database that sends this dump; False (and the
+        run ends SWITCHED) when another database answers a resume by file and offset."""
+        before, self._server_id = self._server_id, server_id
+        if not before or before == server_id:
+            return True
+        address = address_of(self._source)
+        if by_gtid:
+            log.warning(
+                "%s: another database answers at %s (server id %d, was %d); resumed by GTID",
+                self.config.destination, address, server_id, before,
+            )  # fmt: skip
+            return True
+        log.warning(
+            "%s: another database answers at %s (server id %d, was %d): its binlog offsets "
+            "differ, finding a start position there",
+            self.config.destination, address, server_id, before,
+        )  # fmt: skip
+        self._switch.set()
+        return False
 
     def _interrupt(self) -> None:
         with self._lock:

@@ -6,9 +6,12 @@ event (INSERT/UPDATE/DELETE), TRANSACTIONEND (its XidEvent, or a ``COMMIT`` quer
 non-transactional engine). A statement outside BEGIN..COMMIT (MariaDB: a standalone GTID
 event, flag 1; MySQL: a GTID event followed by the statement; DDL and other statements)
 gives one ROWDATA entry with ``is_ddl=True`` and no BEGIN/END, as Canal does; like a
-TRANSACTIONEND, its ``position()`` is a transaction boundary. ``gtid_state`` of every
-entry is the GTID state including its transaction: MariaDB's ``domain-server-seq`` list,
-or MySQL's GTID set (``uuid:1-42``, ``canal_protocol.gtid``).
+TRANSACTIONEND, its ``position()`` is a transaction boundary. ``gtid_state`` of an
+entry is the GTID state to resume from after it: including its transaction for a
+TRANSACTIONEND or a statement of its own, the state *before* its transaction for the
+TRANSACTIONBEGIN and the rows inside one (a cursor there lies inside the transaction: a
+resume by GTID must read it again, the store skips what the client acked). MariaDB's
+``domain-server-seq`` list, or MySQL's GTID set (``uuid:1-42``, ``canal_protocol.gtid``).
 
 Transaction splitting: entries are buffered per transaction and handed to ``sink``
 when the transaction ends, or, for a transaction of more than ``transaction_size``
@@ -149,6 +152,7 @@ class TransactionAssembler:
         self.committed = start
         self._state = parse_gtid_state("" if is_mysql_gtid_set(gtid_state) else gtid_state)
         self._gtid_set = GtidSet.parse(gtid_state) if is_mysql_gtid_set(gtid_state) else None
+        self._before = gtid_state  # the state before the open (or next) transaction
         self._tx_key = ""  # identifies the open transaction across a reconnect (for skip)
         self._buffer: list[Entry] = []
         self._gtid = ""
@@ -217,6 +221,7 @@ class TransactionAssembler:
         if self._in_tx:
             log.warning("transaction %s has no commit; %s begins", self._gtid, ev.gtid)
         self._gtid = str(ev.gtid)
+        self._before = self._state_text()
         self._state[int(ev.domain_id)] = self._gtid
         self._open(span, standalone=bool(ev.flags & _GTID_STANDALONE))
 
@@ -237,6 +242,7 @@ class TransactionAssembler:
             log.warning("transaction %s has no commit; a GTID event follows", self._tx_key)
             self._in_tx = False
         self._gtid = ""
+        self._before = self._state_text()
         if isinstance(ev, GtidEvent):
             self._gtid = str(ev.gtid)
             uuid, _, number = self._gtid.rpartition(":")
@@ -254,6 +260,7 @@ class TransactionAssembler:
         self._flush()
         self.committed = last.position()
         self._in_tx = False
+        self._before = self._state_text()
         self.delivered_upto = 0
         self._skip = ("", 0)
 
@@ -285,7 +292,12 @@ class TransactionAssembler:
         entry = self._entry(EntryType.ROWDATA, header, images=self._decoder.decode(ev, kind))
         self._emit(entry)
 
-    def _entry(self, kind: EntryType, header: Header, **kw: Any) -> Entry:
+    def _state_text(self) -> str:
         if self._gtid_set is not None:
-            return Entry(kind, header, gtid_state=str(self._gtid_set), **kw)
-        return Entry(kind, header, gtid_state=format_gtid_state(self._state), **kw)
+            return str(self._gtid_set)
+        return format_gtid_state(self._state)
+
+    def _entry(self, kind: EntryType, header: Header, **kw: Any) -> Entry:
+        inside = self._in_tx and not self._standalone and kind is not EntryType.TRANSACTIONEND
+        state = self._before if inside else self._state_text()
+        return Entry(kind, header, gtid_state=state, **kw)
