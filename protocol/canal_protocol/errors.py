@@ -22,6 +22,9 @@
     │   ├── UnknownBatch            batch id unknown, acked or rolled back (404/409)
     │   ├── BatchUnavailable        an outstanding batch's entries are not (yet) stored (503)
     │   ├── InvalidArgument         a bad argument; names the field (400)
+    │   │   └── UnknownTable        a snapshot's tables match no table (404)
+    │   ├── UnknownSnapshot         no such incremental snapshot (404)
+    │   ├── SnapshotConflict        a table is in a running snapshot, or it has ended (409)
     │   └── Unauthorized            no or bad bearer token (401)
     ├── CoordinationError           etcd and elections
     │   ├── CoordinatorUnavailable  etcd cannot be reached right now
@@ -63,6 +66,7 @@ __all__ = [
     "SandboxStateError",
     "ServerError",
     "ServerUnreachable",
+    "SnapshotConflict",
     "StaleLeader",
     "StoreClosed",
     "StoreError",
@@ -70,6 +74,8 @@ __all__ = [
     "UnexpectedResponse",
     "UnknownBatch",
     "UnknownDestination",
+    "UnknownSnapshot",
+    "UnknownTable",
 ]
 
 
@@ -165,6 +171,23 @@ class UnknownBatch(ServerError):
 
 class InvalidArgument(ServerError):
     """A bad argument; ``field`` names it."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class UnknownTable(InvalidArgument):
+    """A snapshot names tables that do not exist (no table matches a regex)."""
+
+
+class UnknownSnapshot(ServerError):
+    """No incremental snapshot has this id."""
+
+
+class SnapshotConflict(ServerError):
+    """A table is already in a snapshot that runs, or the snapshot has ended; ``field``."""
 
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(f"{field}: {reason}")

@@ -53,6 +53,9 @@ Layout (keys follow Canal's instance.properties where one exists)::
     detecting.interval_s = 3.0
     detecting.retry_threshold = 3
     detecting.timeout_s = 2.0
+    snapshot.tables = ["shop\\.orders"]   # incremental snapshot: schema.table regexes
+    snapshot.mode = "never"               # "initial": snapshot when the destination is new
+    snapshot.chunk_rows = 10000
 
 ``load_config(path)`` raises ``ConfigError(key, reason)``; ``render_toml(data)`` writes
 such a file from a dict (test harnesses, ``canal-ha up``).
@@ -65,7 +68,7 @@ import tomllib
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -77,6 +80,7 @@ from canal_server.filter import EventFilter
 __all__ = [
     "DestinationConfig",
     "NodeConfig",
+    "SnapshotSection",
     "config_from_dict",
     "dsn_of",
     "load_config",
@@ -232,6 +236,30 @@ class DetectingSection(_Section):
     timeout_s: float = Field(default=2.0, gt=0)
 
 
+class SnapshotSection(_Section):
+    """``snapshot.*``: the incremental snapshot of existing rows (docs/snapshot.md)."""
+
+    tables: list[str] = Field(default_factory=list)
+    mode: Literal["initial", "never"] = "never"
+    chunk_rows: int = Field(default=10_000, ge=1, le=1_000_000)
+
+    @field_validator("tables")
+    @classmethod
+    def _regexes(cls, v: list[str]) -> list[str]:
+        for i, pattern in enumerate(v):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"tables[{i}] {pattern!r} is not a regex: {exc}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _initial_needs_tables(self) -> SnapshotSection:
+        if self.mode == "initial" and not self.tables:
+            raise ValueError('mode "initial" needs snapshot.tables')
+        return self
+
+
 class DestinationConfig(_Section):
     """One destination (Canal's instance)."""
 
@@ -248,6 +276,7 @@ class DestinationConfig(_Section):
     transaction_size: int = Field(default=1024, ge=2, le=1_000_000)
     heartbeat_s: float = Field(default=5.0, gt=0)
     detecting: DetectingSection = DetectingSection()
+    snapshot: SnapshotSection = SnapshotSection()
 
     @property
     def effective_slave_id(self) -> int:
