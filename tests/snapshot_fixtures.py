@@ -125,16 +125,29 @@ class SnapshotPipeline:
 
 
 class Applier:
-    """Applies one client's stream in order into ``tables[full_name][key] = row``."""
+    """Applies one client's stream in order into ``tables[full_name][key] = row``; from
+    an EmbeddedServer (``Applier(server, client, keys)``) or a connector
+    (``Applier.over(connector, keys)``)."""
 
-    def __init__(self, server: EmbeddedServer, client: str, keys: dict[str, Sequence[str]]):
+    def __init__(
+        self, server: EmbeddedServer | None, client: str, keys: dict[str, Sequence[str]]
+    ) -> None:
         self.server = server
+        self.connector: Any = None
         self.client = client
         self.keys = keys
         self.tables: dict[str, dict[tuple[Value, ...], Row]] = {t: {} for t in keys}
         self.reads = 0
         self.entries: list[Entry] = []
-        server.subscribe(client)
+        if server is not None:
+            server.subscribe(client)
+
+    @classmethod
+    def over(cls, connector: Any, keys: dict[str, Sequence[str]]) -> Applier:
+        applier = cls(None, "", keys)
+        applier.connector = connector
+        connector.subscribe()
+        return applier
 
     def drain(self, timeout_s: float = 0.5) -> int:
         """Get, apply and ack until a get returns nothing; the entries applied."""
@@ -147,12 +160,20 @@ class Applier:
 
     def step(self, size: int, timeout_s: float = 0.5) -> int:
         """One batch of up to ``size`` entries: get, apply, ack; the entries applied."""
-        batch = self.server.get_without_ack(self.client, size, timeout_s)
+        if self.connector is not None:
+            batch = self.connector.get_without_ack(size, timeout_s)
+        else:
+            assert self.server is not None
+            batch = self.server.get_without_ack(self.client, size, timeout_s)
         if batch.is_empty:
             return 0
         for e in batch.entries:
             self.apply(e)
-        self.server.ack(self.client, batch.id)
+        if self.connector is not None:
+            self.connector.ack(batch.id)
+        else:
+            assert self.server is not None
+            self.server.ack(self.client, batch.id)
         return len(batch.entries)
 
     def apply(self, e: Entry) -> None:
@@ -189,10 +210,14 @@ def table_rows(primary: Any, schema: str, table: str) -> dict[tuple[Value, ...],
 
 class Writers:
     """Threads that update, delete and insert rows of ``schema.table`` (``id`` INT key,
-    ``v`` INT, ``s`` VARCHAR) at random keys in ``[1, keys]``, until ``stop``."""
+    ``v`` INT, ``s`` VARCHAR) at random keys in ``[1, keys]``, until ``stop``; ``rate``:
+    about that many changes per second in all (0: as fast as they can)."""
 
-    def __init__(self, primary: Any, full_name: str, keys: int, threads: int = 2) -> None:
+    def __init__(
+        self, primary: Any, full_name: str, keys: int, threads: int = 2, rate: float = 0.0
+    ) -> None:
         self.primary = primary
+        self.pause_s = threads / rate if rate else 0.0
         self.full_name = full_name
         self.keys = keys
         self.stop_event = threading.Event()
@@ -232,5 +257,7 @@ class Writers:
                             "ON DUPLICATE KEY UPDATE v = v + 100"
                         )
                     self.done += 1
+                    if self.pause_s:
+                        self.stop_event.wait(self.pause_s)
         except BaseException as exc:
             self.errors.append(exc)

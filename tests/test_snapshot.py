@@ -49,7 +49,7 @@ def test_snapshot_under_writers_equals_the_source(primary: Any) -> None:
         run = pipe.snapshots.create([f"{DB}\\.t"])
         assert run["state"] in ("pending", "running") and run["tables_total"] == 1
         while pipe.snapshots.get(run["id"])["state"] != "done":
-            consumer.drain(0.2)
+            consumer.step(1000, 0.2)
         wait_until(lambda: writers.done > 500, "writers made 500 changes", WAIT_S)
         changes = writers.stop()
         pipe.wait_sunk()
@@ -149,7 +149,7 @@ def test_composite_key_of_several_types_alter_and_create_during_the_snapshot(
             f"UPDATE {DB}.u SET v = v + 1000 WHERE id % 2 = 0",
         )
         while pipe.snapshots.get(run["id"])["state"] != "done":
-            consumer.drain(0.2)
+            consumer.step(1000, 0.2)
         pipe.wait_sunk()
         consumer.drain()
     finally:
@@ -188,7 +188,7 @@ def test_a_new_term_resumes_from_the_marks_at_the_min_cursor(primary: Any) -> No
         resumed = pipe2.snapshots.get(run["id"])
         assert 0 < resumed["rows"] <= consumer.reads
         while pipe2.snapshots.get(run["id"])["state"] != "done":
-            consumer.drain(0.2)
+            consumer.step(1000, 0.2)
         pipe2.wait_sunk()
         consumer.drain()
     finally:

@@ -59,6 +59,7 @@ from canal_server.embedded import EmbeddedServer
 from canal_server.instance import Role
 from canal_server.metrics import CONTENT_TYPE
 from canal_server.node import Node
+from canal_server.snapshot_routes import SnapshotRouteParts, add_snapshot_routes
 
 __all__ = ["MSGPACK", "ApiError", "create_app"]
 
@@ -384,6 +385,7 @@ def create_app(node: Node) -> FastAPI:
 
     _destination_routes(app, check_token, call, epoch_headers)
     _cursor_move_route(app, check_token, call, epoch_headers)
+    add_snapshot_routes(app, node, SnapshotRouteParts(check_token, leader_of, encode, read_body))
     app.add_middleware(EpochHeader, node=node)
     app.state.node = node
     return app

@@ -537,6 +537,12 @@ class Snapshots:
                 if run.state in ACTIVE:
                     run.resume(cursor)
                     self._save(run)
+                    log.info(
+                        "%s: snapshot %s resumes at %s after %s (epoch %d, min cursor %s)",
+                        self.destination, run.id, run.tables[min(run.current, len(run.tables) - 1)],
+                        key_to_json(run.progress[min(run.current, len(run.tables) - 1)].after),
+                        term.epoch, cursor,
+                    )  # fmt: skip
             self._term = term
         tap = SnapshotTap()
         with term.sink.cond:
