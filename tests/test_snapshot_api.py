@@ -47,7 +47,8 @@ def _error(r: httpx.Response, status: int, code: str, field: str | None = None) 
 
 
 def test_rest_bad_input_redirect_and_read_entries_through_the_client(
-    primary: Any, node_cluster: Callable[..., list[NodeProc]]
+    primary: Any,
+    node_cluster: Callable[..., list[NodeProc]],  # noqa: F811
 ) -> None:
     nodes = node_cluster(2, destination={"snapshot": {"chunk_rows": 500}})
     leader = wait_leader(nodes)
@@ -101,7 +102,8 @@ def _wait_sunk(h: httpx.Client, primary: Any, consumer: Applier) -> None:
 
 
 def test_leader_sigkill_mid_snapshot_under_writers(
-    primary: Any, node_cluster: Callable[..., list[NodeProc]]
+    primary: Any,
+    node_cluster: Callable[..., list[NodeProc]],  # noqa: F811
 ) -> None:
     dest = {"snapshot": {"chunk_rows": 20}, "memory": {"buffer_size": 100}}
     nodes = node_cluster(3, destination=dest)
