@@ -4,6 +4,8 @@ mid-snapshot under writers: the consumer's applied state still equals the source
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -50,7 +52,10 @@ def test_rest_bad_input_redirect_and_read_entries_through_the_client(
     primary: Any,
     node_cluster: Callable[..., list[NodeProc]],  # noqa: F811
 ) -> None:
-    nodes = node_cluster(2, destination={"snapshot": {"chunk_rows": 500}})
+    # a small store: the snapshot waits for the consumer (the conflict below is certain)
+    nodes = node_cluster(
+        2, destination={"snapshot": {"chunk_rows": 500}, "memory": {"buffer_size": 20}}
+    )
     leader = wait_leader(nodes)
     standby = next(n for n in nodes if n is not leader)
     with leader.client() as h, standby.client() as s:
@@ -130,3 +135,50 @@ def test_leader_sigkill_mid_snapshot_under_writers(
             consumer.drain()
     assert state["tables_done"] == 1
     assert consumer.tables[f"{DB}.t"] == table_rows(primary, DB, "t")
+
+
+def primary_etcd(node: NodeProc) -> list[str]:
+    """The etcd endpoints of the node's config."""
+    import tomllib
+
+    return list(tomllib.loads(node.config_path.read_text())["etcd"]["endpoints"])
+
+
+def _cli(*argv: str, timeout_s: float = WAIT_S) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "canal_ha.cli", *argv],
+        capture_output=True, text=True, timeout=timeout_s, check=False,
+    )  # fmt: skip
+
+
+def test_cli_snapshot_consume_status_and_metrics(
+    primary: Any,
+    node_cluster: Callable[..., list[NodeProc]],  # noqa: F811
+) -> None:
+    (node,) = node_cluster(1, destination={"snapshot": {"chunk_rows": 1000}})
+    wait_leader([node])
+    with node.client() as h:
+        assert h.put(f"/v1/destinations/{DEST}/clients/c/subscription", json={}).is_success
+    where = ("--server", node.url, "--destination", DEST)
+    bad = _cli("snapshot", *where, "--tables", "(bad")
+    assert bad.returncode == 2 and "tables[0]" in bad.stderr, bad
+    done = _cli("snapshot", *where, "--tables", f"{DB}\\.t", "--interval", "0.2", "--timeout", "60")
+    assert done.returncode == 0, done
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("s1 ") and lines[-1].startswith("s1 done: tables 1/1, 4,000 rows")
+    out = _cli("consume", *where, "--client-id", "c", "--format", "text", "--idle-exit", "3",
+               "--no-exclusive")  # fmt: skip
+    assert out.returncode == 0, out
+    text = out.stdout.splitlines()
+    assert any(f"BEGIN snapshot chunk of {DB}.t" in line for line in text), text[:3]
+    assert any(f"READ {DB}.t [id=1, v=1, s='r1']" in line for line in text), text[:3]
+    assert sum(" READ " in line for line in text) == 4 * 4  # 4 chunks of 1000: 256 rows an entry
+    status = _cli("status", "--server", node.url)
+    assert status.returncode == 0, status
+    assert "SNAPSHOT s1         done       tables 1/1  rows 4,000  chunks 4" in status.stdout
+    etcd = _cli("status", "--etcd", ",".join(primary_etcd(node)), "--prefix", node.prefix)
+    assert "SNAPSHOT s1         done       tables 1/1  rows 4,000" in etcd.stdout, etcd
+    metrics = httpx.get(f"{node.url}/metrics").text
+    assert f'canal_snapshot_rows{{destination="{DEST}",snapshot="s1",state="done"}} 4000.0' in (
+        metrics
+    )

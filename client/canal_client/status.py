@@ -5,11 +5,15 @@ Two sources, one shape (``status_from_etcd`` / ``status_from_server``)::
     {"source": "etcd" | URL, "nodes": [{"node", "url", ...}],
      "destinations": {d: {"leader": {"node", "url", "epoch"} | None, "nodes": [...],
                           "clients": {c: {"active", "filter", "cursor", "lag_s",
-                                          "outstanding_batches"}}}}}
+                                          "outstanding_batches"}},
+                          "snapshots": [{"id", "state", "tables_done", "tables_total",
+                                         "rows", "chunks", "rows_per_s"}]}}}
 
 From etcd (the Keys layout) ``lag_s`` is the age of the cursor's commit timestamp
 (now - timestamp of the last acked change); from a server it is the leader's
-``canal_cursor_lag_seconds`` metric (cursor behind the newest event read).
+``canal_cursor_lag_seconds`` metric (cursor behind the newest event read). Incremental
+snapshots come from ``{d}/snapshots/{id}`` (etcd; ``rows_per_s`` None: only the leader
+knows it) or the leader's ``GET /v1/destinations/{d}/snapshots``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from canal_cluster.keys import Keys
 from canal_cluster.running import RunningInfo
 from canal_protocol.errors import CanalError
 
-__all__ = ["format_table", "status_from_etcd", "status_from_server"]
+__all__ = ["format_table", "snapshot_summary", "status_from_etcd", "status_from_server"]
 
 
 def _json(value: bytes) -> Any:
@@ -51,7 +55,7 @@ def _client(d: dict[str, Any], client: str) -> dict[str, Any]:
 
 def _destination(out: dict[str, Any], name: str) -> dict[str, Any]:
     dests: dict[str, dict[str, Any]] = out["destinations"]
-    return dests.setdefault(name, {"leader": None, "nodes": [], "clients": {}})
+    return dests.setdefault(name, {"leader": None, "nodes": [], "clients": {}, "snapshots": []})
 
 
 def status_from_etcd(coord: Coordinator, keys: Keys, now_ms: int | None = None) -> dict[str, Any]:
@@ -69,8 +73,28 @@ def status_from_etcd(coord: Coordinator, keys: Keys, now_ms: int | None = None) 
     return out
 
 
+def snapshot_summary(data: Any) -> dict[str, Any] | None:
+    """A snapshot's progress in the status shape, from the API's form or from etcd's."""
+    if not isinstance(data, dict) or "id" not in data:
+        return None
+    if "tables_done" in data:
+        keys = ("id", "state", "tables_done", "tables_total", "rows", "chunks", "rows_per_s")
+        return {k: data.get(k) for k in keys}
+    progress = [p for p in data.get("progress") or [] if isinstance(p, dict)]
+    return {
+        "id": data["id"], "state": data.get("state"),
+        "tables_done": sum(1 for p in progress if p.get("done")),
+        "tables_total": len(progress), "rows": sum(int(p.get("rows", 0)) for p in progress),
+        "chunks": sum(int(p.get("chunks", 0)) for p in progress), "rows_per_s": None,
+    }  # fmt: skip
+
+
 def _etcd_key(d: dict[str, Any], parts: list[str], kv: KeyValue, now_ms: int) -> None:
-    if parts == ["running"]:
+    if len(parts) == 2 and parts[0] == "snapshots":
+        summary = snapshot_summary(_json(kv.value))
+        if summary is not None:
+            d.setdefault("snapshots", []).append(summary)
+    elif parts == ["running"]:
         info = RunningInfo.from_kv(kv)
         d["leader"] = {"node": info.node, "url": info.url, "epoch": info.epoch}
     elif len(parts) == 2 and parts[0] == "cluster":
@@ -99,7 +123,19 @@ def status_from_server(channel: HttpChannel, url: str) -> dict[str, Any]:
         leader_url = (d["leader"] or {}).get("url")
         if leader_url:
             _server_clients(channel, leader_url, name, d)
+            _server_snapshots(channel, leader_url, name, d)
     return out
+
+
+def _server_snapshots(channel: HttpChannel, leader: str, name: str, d: dict[str, Any]) -> None:
+    try:
+        body = channel.request("GET", leader, f"/v1/destinations/{name}/snapshots").body
+    except CanalError:
+        return
+    for s in (body or {}).get("snapshots", []) if isinstance(body, dict) else []:
+        summary = snapshot_summary(s)
+        if summary is not None:
+            d["snapshots"].append(summary)
 
 
 def _server_clients(channel: HttpChannel, leader: str, name: str, d: dict[str, Any]) -> None:
@@ -174,4 +210,10 @@ def format_table(status: dict[str, Any], write: Callable[[str], object] = print)
             write(
                 f"  {client:<16} {active:<28} {lag:>9} {c['outstanding_batches']:>4}  "
                 f"{_position_text(c['cursor'])}"
+            )
+        for s in d.get("snapshots") or []:
+            rate = "-" if s["rows_per_s"] is None else f"{s['rows_per_s']:,.0f}"
+            write(
+                f"  SNAPSHOT {s['id']:<10} {s['state']:<10} tables {s['tables_done']}/"
+                f"{s['tables_total']}  rows {s['rows']:,}  chunks {s['chunks']:,}  rows/s {rate}"
             )

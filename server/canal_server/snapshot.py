@@ -194,6 +194,7 @@ class SnapshotRun:
     finished_ms: int = 0
     error: str = ""
     current: int = 0
+    started_ms: int = 0
     progress: list[TableProgress] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
     rate_start: tuple[float, int] | None = None  # (monotonic, rows) of this term's start
@@ -215,6 +216,7 @@ class SnapshotRun:
             "id": self.id, "tables": self.tables, "chunk_rows": self.chunk_rows,
             "state": self.state, "created_ms": self.created_ms,
             "finished_ms": self.finished_ms, "error": self.error, "current": self.current,
+            "started_ms": self.started_ms,
             "progress": [{**asdict(p), "after": key_to_json(p.after)} for p in self.progress],
             "marks": [m.to_dict() for m in self.marks],
         }  # fmt: skip
@@ -233,7 +235,8 @@ class SnapshotRun:
         return cls(
             str(d["id"]), [str(t) for t in d["tables"]], int(d["chunk_rows"]), str(d["state"]),
             int(d["created_ms"]), int(d.get("finished_ms", 0)), str(d.get("error", "")),
-            int(d.get("current", 0)), progress, [Mark.from_dict(m) for m in d.get("marks", [])],
+            int(d.get("current", 0)), int(d.get("started_ms", 0)), progress,
+            [Mark.from_dict(m) for m in d.get("marks", [])],
         )  # fmt: skip
 
     def public(self) -> dict[str, Any]:
@@ -243,6 +246,8 @@ class SnapshotRun:
             since, rows = self.rate_start
             elapsed = time.monotonic() - since
             rate = (self.rows - rows) / elapsed if elapsed > 0 else 0.0
+        elif self.state == "done" and self.finished_ms > self.started_ms > 0:
+            rate = self.rows * 1000 / (self.finished_ms - self.started_ms)
         return {
             "id": self.id,
             "state": self.state,
@@ -258,6 +263,7 @@ class SnapshotRun:
             "rows_per_s": round(rate, 1),
             "chunk_rows": self.chunk_rows,
             "created_ms": self.created_ms,
+            "started_ms": self.started_ms,
             "finished_ms": self.finished_ms,
             "error": self.error,
         }  # fmt: skip
@@ -638,6 +644,7 @@ class _Runner:
             def started(r: SnapshotRun) -> None:
                 r.state = "running"
                 r.rate_start = (time.monotonic(), r.rows)
+                r.started_ms = r.started_ms or _now_ms()
 
             self.owner.record(run, started)
         while run.current < len(run.tables):
@@ -682,7 +689,7 @@ class _Runner:
         def advance(r: SnapshotRun) -> None:
             p = r.progress[index]
             p.rows += len(chunk)
-            p.chunks += 1
+            p.chunks += 1 if len(chunk) else 0  # the empty read that ends a table is no chunk
             p.after = chunk.last_key or p.after
             p.done = done
             if done:

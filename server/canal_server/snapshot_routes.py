@@ -77,9 +77,12 @@ class SnapshotOut(BaseModel):
     tables_total: int
     rows: int
     chunks: int
-    rows_per_s: float = Field(description="since this leader started the snapshot")
+    rows_per_s: float = Field(
+        description="running: since this leader took the snapshot up; done: over its run"
+    )
     chunk_rows: int
     created_ms: int
+    started_ms: int
     finished_ms: int
     error: str
 
