@@ -131,15 +131,20 @@ def test_composite_key_of_several_types_alter_and_create_during_the_snapshot(
         f"INSERT INTO {DB}.c SELECT CONCAT('k', seq % 7), TIMESTAMP'2024-01-01 00:00:00'"
         f" + INTERVAL (seq % 5) SECOND, UNHEX(HEX(seq % 3)), seq / 4, seq FROM {DB}.seq_1_to_400",
         f"CREATE TABLE {DB}.u (id INT NULL, code CHAR(8) NOT NULL, v INT, UNIQUE KEY (code))",
+        f"CREATE TABLE {DB}.e (k ENUM('zz','b','a') NOT NULL, s SET('q','p') NOT NULL,"
+        " n INT NOT NULL, PRIMARY KEY (k, s, n))",
+        f"INSERT INTO {DB}.e SELECT ELT(1 + seq % 3, 'zz', 'b', 'a'), ELT(1 + seq % 4, '',"
+        f" 'q', 'p', 'q,p'), seq FROM {DB}.seq_1_to_120",
         f"INSERT INTO {DB}.u SELECT seq, CONCAT('c', seq), seq FROM {DB}.seq_1_to_300",
     )
     pipe = SnapshotPipeline(primary, "snap3", 7403, chunk_rows=37).start()
     try:
         keys = {f"{DB}.c": ("a", "b", "c", "d"), f"{DB}.u": ("code",), f"{DB}.t": ("id",),
-                f"{DB}.n": ("id",)}  # fmt: skip
+                f"{DB}.n": ("id",), f"{DB}.e": ("k", "s", "n")}  # fmt: skip
         consumer = Applier(pipe.server, "c", keys)
-        run = pipe.snapshots.create([f"{DB}\\.(c|u|t)"])
-        assert [t["table"] for t in run["tables"]] == [f"{DB}.c", f"{DB}.t", f"{DB}.u"]
+        run = pipe.snapshots.create([f"{DB}\\.(c|u|t|e)"])
+        names = [t["table"] for t in run["tables"]]
+        assert names == [f"{DB}.c", f"{DB}.e", f"{DB}.t", f"{DB}.u"]
         consumer.drain(0.2)
         primary.execute(
             f"ALTER TABLE {DB}.t ADD COLUMN w INT NULL DEFAULT 7",
@@ -154,7 +159,7 @@ def test_composite_key_of_several_types_alter_and_create_during_the_snapshot(
         consumer.drain()
     finally:
         pipe.stop()
-    for table in ("c", "u", "n"):
+    for table in ("c", "u", "n", "e"):
         assert consumer.tables[f"{DB}.{table}"] == table_rows(primary, DB, table), table
     # rows the ALTER reached before the snapshot read them carry the new column
     t_rows = consumer.tables[f"{DB}.t"]

@@ -681,6 +681,15 @@ class _Runner:
             if "does not exist" in str(exc):
                 self.owner.record(run, lambda r: _skip_table(r, index, "dropped"))
             return
+        except InvalidArgument:  # an ALTER took the table's key away
+            self._untrack(name)
+            self.owner.record(run, lambda r: _fail(r, str(exc)))
+            return
+        if chunk.keys and progress.after is not None and chunk.keys[0] == progress.after:
+            self._untrack(name)
+            why = f"{name}: the key order does not advance after {progress.after!r}"
+            self.owner.record(run, lambda r: _fail(r, why))
+            return
         end = self._emit(run, shape, chunk, identity)
         if end is None:
             return  # void (DDL, reader switched): read the chunk again
@@ -770,6 +779,11 @@ class _Runner:
 
 def _finish(run: SnapshotRun) -> None:
     run.state, run.finished_ms = "done", _now_ms()
+
+
+def _fail(run: SnapshotRun, error: str) -> None:
+    run.state, run.finished_ms, run.error = "failed", _now_ms(), error
+    log.error("snapshot %s failed: %s", run.id, error)
 
 
 def _skip_table(run: SnapshotRun, index: int, note: str) -> None:

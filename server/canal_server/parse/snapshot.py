@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ from typing import Any
 import msgpack
 import MySQLdb
 from MySQLdb.constants import FIELD_TYPE
+from MySQLdb.converters import conversions
 
 from canal_protocol.entry import TableColumns, Value
 from canal_protocol.errors import BinlogError, InvalidArgument
@@ -71,8 +73,10 @@ def _timestamp(text: str) -> str:
 
 
 # The text protocol's values as our forms, per field type (a type not here: str for
-# text columns, bytes for binary ones, as the library gives them).
-_CONV: dict[int, Any] = {
+# text columns, bytes for binary ones, as the library gives them); the library's own
+# encoders of Python parameters (int, float, ...: keys that are types) are kept.
+_CONV: dict[Any, Any] = {
+    **{k: v for k, v in conversions.items() if not isinstance(k, int)},
     FIELD_TYPE.TINY: int,
     FIELD_TYPE.SHORT: int,
     FIELD_TYPE.LONG: int,
@@ -159,13 +163,26 @@ def _after(key: Sequence[str], values: Sequence[Any]) -> tuple[str, tuple[Any, .
 
 
 def sql_key(key: Key, types: Sequence[str]) -> tuple[Any, ...]:
-    """Our key values as SQL parameters (DATETIME/TIMESTAMP back to the server's text)."""
+    """Our key values as SQL parameters: DATETIME/TIMESTAMP back to the server's text;
+    ENUM and SET as their numbers (``ORDER BY`` sorts them by number, and compared with
+    a number they compare by number, with a string by text)."""
     out: list[Any] = []
     for value, t in zip(key, types, strict=True):
         if isinstance(value, str) and t.startswith(("datetime", "timestamp")):
             value = value.rstrip("Z").replace("T", " ")
+        elif isinstance(value, str) and t.startswith("enum("):
+            value = _members(t).index(value) + 1 if value else 0
+        elif isinstance(value, str) and t.startswith("set("):
+            members = _members(t)
+            value = sum(1 << members.index(m) for m in value.split(",") if m)
         out.append(value)
     return tuple(out)
+
+
+def _members(mysql_type: str) -> list[str]:
+    """The members of ``enum('a','b')`` / ``set(...)`` (quotes doubled inside)."""
+    body = mysql_type[mysql_type.index("(") + 1 : mysql_type.rindex(")")]
+    return [m.replace("''", "'") for m in re.findall(r"'((?:[^']|'')*)'", body)]
 
 
 def key_to_json(key: Key | None) -> list[Any] | None:
