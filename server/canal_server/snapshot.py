@@ -681,9 +681,10 @@ class _Runner:
             if "does not exist" in str(exc):
                 self.owner.record(run, lambda r: _skip_table(r, index, "dropped"))
             return
-        except InvalidArgument:  # an ALTER took the table's key away
+        except InvalidArgument as exc:  # an ALTER took the table's key away
             self._untrack(name)
-            self.owner.record(run, lambda r: _fail(r, str(exc)))
+            reason = str(exc)
+            self.owner.record(run, lambda r: _fail(r, reason))
             return
         if chunk.keys and progress.after is not None and chunk.keys[0] == progress.after:
             self._untrack(name)
