@@ -69,9 +69,7 @@ PARTS: tuple[Part, ...] = (
     Part("latency", "commit -> client latency", bench_node.latency),
     Part("failover", "failover: leader SIGKILL -> first batch", bench_node.failover),
     Part("node_rss", "node RSS, rows buffered (not acked)", bench_node.node_rss),
-    Part(
-        "snapshot", "incremental snapshot: node -> REST msgpack -> client", bench_snapshot.snapshot
-    ),
+    Part("snapshot", "snapshot: node -> REST msgpack -> client", bench_snapshot.snapshot),
 )
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "latest.json"
 

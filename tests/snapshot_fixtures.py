@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from canal_cluster.retry import wait_until
@@ -130,7 +130,7 @@ class Applier:
     (``Applier.over(connector, keys)``)."""
 
     def __init__(
-        self, server: EmbeddedServer | None, client: str, keys: dict[str, Sequence[str]]
+        self, server: EmbeddedServer | None, client: str, keys: Mapping[str, Sequence[str]]
     ) -> None:
         self.server = server
         self.connector: Any = None
@@ -143,7 +143,7 @@ class Applier:
             server.subscribe(client)
 
     @classmethod
-    def over(cls, connector: Any, keys: dict[str, Sequence[str]]) -> Applier:
+    def over(cls, connector: Any, keys: Mapping[str, Sequence[str]]) -> Applier:
         applier = cls(None, "", keys)
         applier.connector = connector
         connector.subscribe()
