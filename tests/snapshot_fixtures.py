@@ -50,6 +50,7 @@ class SnapshotPipeline:
         buffer_bytes: int = 256 * 1024 * 1024,
         meta: MemoryMetaManager | None = None,
         regex: str = "",
+        section: SnapshotSection | None = None,
     ) -> None:
         self.primary = primary
         self.dest = dest
@@ -60,14 +61,13 @@ class SnapshotPipeline:
         config = ReaderConfig(master=primary.dsn(), slave_id=slave_id, destination=dest)
         self.reader = BinlogReader(config, lambda es: self.sink.sink(es, self.reader.identity))
         self.server = EmbeddedServer(dest, self.store, self.meta)
-        self.snapshots = Snapshots(
-            dest, SnapshotSection(chunk_rows=chunk_rows), self.meta, EventFilter(regex)
-        )
+        section = section or SnapshotSection(chunk_rows=chunk_rows)
+        self.snapshots = Snapshots(dest, section, self.meta, EventFilter(regex))
         self.stop_event = threading.Event()
         self.errors: list[BaseException] = []
         self.thread: threading.Thread | None = None
 
-    def start(self, start: LogPosition | None = None) -> SnapshotPipeline:
+    def start(self, start: LogPosition | None = None, initial: bool = False) -> SnapshotPipeline:
         if start is None:
             journal, offset = self.primary.master_status()
             start = LogPosition(self.reader.identity, EntryPosition(journal, offset))
@@ -88,7 +88,7 @@ class SnapshotPipeline:
             identity=lambda: self.reader.identity, vouched=lambda: True, stop=self.stop_event,
             min_cursor=lambda: MetaLogPositionManager(lambda d: meta).get_latest(self.dest),
         )  # fmt: skip
-        self.snapshots.start_term(term)
+        self.snapshots.start_term(term, initial=initial)
         return self
 
     def stop(self) -> None:

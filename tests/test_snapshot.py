@@ -21,6 +21,7 @@ from canal_protocol.errors import (
     UnknownSnapshot,
     UnknownTable,
 )
+from canal_server.config import SnapshotSection
 from canal_server.meta import MemoryMetaManager
 from canal_server.parse.snapshot import ChunkReader, NoSnapshotKey
 
@@ -236,3 +237,27 @@ def test_changes_between_a_chunk_and_its_emission_win(
     assert got == table_rows(primary, DB, "t"), _diff(got, table_rows(primary, DB, "t"))
     assert got[(5,)]["s"] == "changed" and (6,) not in got and (KEYS + 1,) in got
     assert consumer.reads == KEYS - 5  # 5, 500, 2999, 6 and 600 came from the binlog only
+
+
+def test_mode_initial_snapshots_a_new_destination_once(primary: Any) -> None:
+    section = SnapshotSection(tables=[f"{DB}\\.t"], mode="initial", chunk_rows=1000)
+    meta = MemoryMetaManager("snap6")
+    pipe = SnapshotPipeline(primary, "snap6", 7407, meta=meta, section=section)
+    consumer = Applier(pipe.server, "c", {f"{DB}.t": ("id",)})
+    pipe.start(initial=True)
+    try:
+        wait_until(lambda: bool(pipe.snapshots.runs()), "the initial snapshot", WAIT_S)
+        done = pipe.wait_done("initial")
+        pipe.wait_sunk()
+        consumer.drain()
+    finally:
+        pipe.stop()
+    assert done["state"] == "done" and done["rows"] == KEYS
+    assert consumer.tables[f"{DB}.t"] == table_rows(primary, DB, "t")
+    # a later term of the same destination (it has history now) does not snapshot again
+    pipe2 = SnapshotPipeline(primary, "snap6", 7408, meta=meta, section=section)
+    pipe2.start(initial=False)
+    try:
+        assert [r["id"] for r in pipe2.snapshots.runs()] == ["initial"]
+    finally:
+        pipe2.stop()
