@@ -24,7 +24,7 @@ __all__ = ["build_parser", "main"]
 # The third-party modules each extra brings: a command that needs a missing one says
 # which extra to install.
 EXTRAS = {
-    "server": ("fastapi", "uvicorn", "pydantic", "pymysql", "pymysqlreplication"),
+    "server": ("fastapi", "uvicorn", "pydantic", "pymysql", "pymysqlreplication", "MySQLdb"),
     "spark": ("pyspark", "pyarrow"),
 }
 
