@@ -7,6 +7,7 @@ from serving_fixtures import IDENTITY, EntryFactory
 
 from canal_protocol.entry import Entry, EntryType, EventType, Header
 from canal_protocol.positions import EntryPosition, LogPosition
+from canal_server.snapshot import MAX_MARKS, Mark, SnapshotRun
 from canal_server.store import EventStore
 
 
@@ -34,3 +35,22 @@ def test_snapshot_entries_sort_between_binlog_positions_and_move_cursor_stops_be
     ev = store.last_starting_by(end.journal, end.offset)
     assert ev is not None and ev.entry is first[-1]
     assert [e.entry for e in store.get(ev.position, 10)][:3] == reads
+
+
+def test_marks_resume_at_the_newest_at_or_before_the_cursor_and_stay_bounded() -> None:
+    def at(offset: int) -> LogPosition:
+        return LogPosition(IDENTITY, EntryPosition("mariadb-bin.000001", offset, snapshot=1))
+
+    run = SnapshotRun("s1", ["db.a", "db.b"], 10)
+    for i in range(1, 1001):
+        table, done = (0, i == 500) if i <= 500 else (1, False)
+        mark = Mark(at(i * 100), table, (i,), done, i * 10, i)
+        run.add_mark(mark, at(150))  # the cursor stays after the first mark only
+    assert len(run.marks) <= MAX_MARKS + 1 and run.marks[0].position == at(100)
+    assert run.marks[-1].after == (1000,)
+    run.resume(at(60_000))  # newest kept mark at or before it
+    kept = run.marks[0]
+    assert kept.position.offset <= 60_000 and run.current == kept.table
+    assert run.progress[kept.table].after == kept.after
+    run.resume(at(50))  # before every mark: from the start
+    assert run.current == 0 and run.progress[0].after is None and run.marks == []

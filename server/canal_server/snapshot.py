@@ -62,6 +62,7 @@ from canal_server.sink import EventSink
 from canal_server.store import is_after
 
 __all__ = [
+    "MAX_MARKS",
     "ROWS_PER_ENTRY",
     "SnapshotRun",
     "SnapshotTap",
@@ -75,6 +76,7 @@ Key = tuple[Value, ...]
 ROWS_PER_ENTRY = 256  # rows of one READ entry (a binlog rows event holds ~8 KB)
 PREFIX = "snapshots/"
 KEEP_FINISHED = 20  # finished snapshots kept in the meta (the oldest go first)
+MAX_MARKS = 256  # resume marks kept per snapshot (thinned beyond)
 _STALL_S = 1.0  # the reader has not reached P for this long: ask the GTID state at P
 ACTIVE = ("pending", "running")
 
@@ -287,7 +289,9 @@ class SnapshotRun:
         self.current = keep.table + 1 if keep.done else keep.table
 
     def add_mark(self, mark: Mark, cursor: LogPosition | None) -> None:
-        """Record a chunk; drop marks older than the newest one at or before ``cursor``."""
+        """Record a chunk; drop marks older than the newest one at or before ``cursor``.
+        Past ``MAX_MARKS`` every second mark after that one goes (the etcd value stays
+        small): a resume then goes back further, which only reads more again."""
         self.marks.append(mark)
         newest = -1
         for i, m in enumerate(self.marks):
@@ -295,6 +299,8 @@ class SnapshotRun:
                 newest = i
         if newest > 0:
             del self.marks[:newest]
+        if len(self.marks) > MAX_MARKS:
+            self.marks = [self.marks[0], *self.marks[1:-1:2], self.marks[-1]]
 
 
 # -- one term's view -------------------------------------------------------------------------
