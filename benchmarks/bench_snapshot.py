@@ -5,7 +5,8 @@ default, the binlog tables' shape), three readers of it in the same run:
 * a plain pymysql keyset-chunk loop (``WHERE id > last ORDER BY id LIMIT 10000``);
 * canal-ha end to end: a fresh node, ``POST /v1/destinations/{d}/snapshots``, the READ
   entries through REST msgpack to a ``SimpleConnector`` that reads every value and acks
-  each batch; the clock runs from the POST to the ack of the last row.
+  each batch; the clock runs from the POST to the ack of the last row; the leader's RSS
+  before and its maximum (sampled every 50 batches) are recorded.
 
 Each is run ``--repeat`` times (median); the record has the three rates and the ratios
 of the end to end to the other two.
@@ -119,6 +120,7 @@ def _e2e_once(ctx: Context, rows: int, run: int) -> dict[str, Any]:
             )  # fmt: skip
             r.raise_for_status()
             got = batches = 0
+            rss_before = rss_max = leader.rss()
             while got < rows:
                 if time.perf_counter() - t0 > TIMEOUT_S:
                     raise TimeoutError(f"{got} of {rows} rows after {TIMEOUT_S}s")
@@ -129,12 +131,15 @@ def _e2e_once(ctx: Context, rows: int, run: int) -> dict[str, Any]:
                 got += sum(e.row_count for e in batch.entries if e.header.table == TABLE)
                 batches += 1
                 conn.ack(batch.id)
+                if batches % 50 == 0:
+                    rss_max = max(rss_max, leader.rss())
             elapsed = time.perf_counter() - t0
     finally:
         stop_all(nodes)
     return {
         "rows": got, "seconds": round(elapsed, 3), "rows_per_s": got / elapsed,
         "batches": batches, "chunk_rows": CHUNK, "batch_size_entries": BATCH_SIZE,
+        "node_rss_before_bytes": rss_before, "node_rss_max_bytes": rss_max,
     }  # fmt: skip
 
 
