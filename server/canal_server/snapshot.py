@@ -30,7 +30,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -44,7 +44,7 @@ from canal_protocol.errors import (
     UnknownSnapshot,
     UnknownTable,
 )
-from canal_protocol.positions import EntryPosition, LogIdentity, LogPosition, journal_seq
+from canal_protocol.positions import LogIdentity, LogPosition, journal_seq
 from canal_server.config import SnapshotSection
 from canal_server.filter import EventFilter
 from canal_server.meta.memory import MemoryMetaManager
@@ -381,10 +381,6 @@ class Snapshots:
     def get(self, snapshot_id: str) -> dict[str, Any]:
         with self._lock:
             return self._find(snapshot_id).public()
-
-    def active_runs(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return [r.public() for r in self._ordered() if r.state in ACTIVE]
 
     def create(self, tables: Sequence[str], chunk_rows: int | None = None) -> dict[str, Any]:
         """Start a snapshot of the tables matching ``tables`` (regexes of ``schema.table``);
@@ -825,17 +821,3 @@ def _chunk_entries(
     n = ordinal + len(out) + 1
     out.append(Entry(EntryType.TRANSACTIONEND, header(n, EventType.READ), gtid_state=gtid_state))
     return out
-
-
-def runs_from_meta(extras: Mapping[str, bytes]) -> Iterable[SnapshotRun]:
-    """The snapshots recorded in a destination's meta extras (status readers)."""
-    for key, raw in sorted(extras.items()):
-        if key.startswith(PREFIX):
-            yield SnapshotRun.from_json(raw)
-
-
-def entry_position(at: EntryPosition, ordinal: int) -> EntryPosition:
-    """``at`` with a snapshot ordinal (tests)."""
-    return EntryPosition(
-        at.journal, at.offset, at.server_id, at.gtid, at.timestamp_ms, True, ordinal
-    )

@@ -46,9 +46,11 @@ __all__ = [
     "Chunk",
     "ChunkReader",
     "NoSnapshotKey",
+    "ShapeChanged",
     "TableShape",
     "key_from_json",
     "key_to_json",
+    "pack_rows",
     "sql_key",
 ]
 
