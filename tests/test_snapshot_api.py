@@ -118,9 +118,9 @@ def test_leader_sigkill_mid_snapshot_under_writers(
     with conn, leader.client() as h:
         consumer = Applier.over(conn, {f"{DB}.t": ("id",)})
         # a chunk waits for the stream to reach its position: the consumer must keep up
-        writers = Writers(primary, f"{DB}.t", KEYS + 100, rate=100).start()
+        writers = Writers(primary, f"{DB}.t", KEYS + 100, rate=40).start()
         run = h.post(_path(), json={"tables": [f"{DB}\\.t"]}).json()
-        wait_until(lambda: consumer.step(50, 0.2) >= 0 and consumer.reads >= KEYS // 3,
+        wait_until(lambda: consumer.step(100, 0.2) >= 0 and consumer.reads >= KEYS // 3,
                    "a third of the rows read", WAIT_S)  # fmt: skip
         leader.kill()
         survivor = wait_leader(nodes, exclude=[leader])
