@@ -46,6 +46,17 @@ def _note(record: dict[str, Any]) -> str:
             f"redelivered rows {record.get('duplicate_rows', 0):,}, "
             f"client warnings {record.get('client_warnings', 0)}"
         )
+    if "vs_mariadb_dump" in record:
+        notes.append(
+            f"mariadb-dump {record['mariadb_dump_rows_per_s']:,.0f} rows/s "
+            f"({record['vs_mariadb_dump']:.2f}x), pymysql loop "
+            f"{record['pymysql_loop_rows_per_s']:,.0f} ({record['vs_pymysql_loop']:.2f}x)"
+        )
+    if "node_rss_max_bytes" in record:
+        notes.append(
+            f"node RSS {record['node_rss_before_bytes'] / 2**20:.0f} -> max "
+            f"{record['node_rss_max_bytes'] / 2**20:.0f} MiB"
+        )
     if "first_batch_s" in record:
         notes.append(f"first micro-batch after {record['first_batch_s']:.1f} s")
     return "; ".join(notes)

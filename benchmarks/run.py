@@ -17,7 +17,7 @@ without npm it is reported ``unavailable`` with the reason.
 The JSON document::
 
     machine   nproc, cpu_model, memory_bytes, python, platform, loadavg_at_start
-    config    rows, repeat, parts, latency_seconds, failover_*, rss_rows
+    config    rows, repeat, parts, latency_seconds, failover_*, rss_rows, snapshot_rows
     binlog    rows, transactions, kinds {insert, update, delete}, tables, journal,
               offset, files, end_journal, end_offset, bytes, load_s
     parts     {name: {status: ok | error | unavailable | not yet, title, wall_s,
@@ -25,7 +25,9 @@ The JSON document::
               end rows, seconds, rows_per_s (median), runs; latency rates[] with
               target_tps, achieved_tps, p50_ms, p99_ms, max_ms, samples; failover
               trials_s, median_s, max_s, election; node_rss rss_before_bytes,
-              rss_after_bytes, bytes_per_row, store_bytes_per_row}}
+              rss_after_bytes, bytes_per_row, store_bytes_per_row; snapshot table_rows,
+              rows_per_s (end to end), mariadb_dump_rows_per_s, pymysql_loop_rows_per_s,
+              vs_mariadb_dump, vs_pymysql_loop, their runs}}
     ratios    {name: {vs_mysql_replication, vs_c_decoder}} for every part with rows/s
     started_at, duration_s
 """
@@ -46,7 +48,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import bench_node, bench_readers, bench_spark
+from benchmarks import bench_node, bench_readers, bench_snapshot, bench_spark
 from benchmarks.bench_common import REPO, Context, Part, machine_info, run_part, write_result
 from benchmarks.bench_data import generate
 from benchmarks.bench_report import ratios, render_table
@@ -67,6 +69,7 @@ PARTS: tuple[Part, ...] = (
     Part("latency", "commit -> client latency", bench_node.latency),
     Part("failover", "failover: leader SIGKILL -> first batch", bench_node.failover),
     Part("node_rss", "node RSS, rows buffered (not acked)", bench_node.node_rss),
+    Part("snapshot", "snapshot: node -> REST msgpack -> client", bench_snapshot.snapshot),
 )
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "latest.json"
 
@@ -87,6 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--failover-switch-delay", type=float, default=1.0, help="election.switch_delay_s (s)"
     )
     p.add_argument("--rss-rows", type=int, default=100_000)
+    p.add_argument(
+        "--snapshot-rows", type=int, default=1_000_000, help="rows of the snapshot part's table"
+    )
     p.add_argument("--spark-example", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
@@ -94,8 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(only) - set(names))
     if unknown:
         p.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(names)}")
-    if args.rows < 1000 or args.rss_rows < 1000:
-        p.error("--rows and --rss-rows must be >= 1000")
+    if args.rows < 1000 or args.rss_rows < 1000 or args.snapshot_rows < 1000:
+        p.error("--rows, --rss-rows and --snapshot-rows must be >= 1000")
     if args.repeat < 1 or args.failover_trials < 1 or args.latency_seconds <= 0:
         p.error("--repeat and --failover-trials must be >= 1, --latency-seconds > 0")
     args.parts = [part for part in PARTS if not only or part.name in only]
@@ -133,6 +139,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "latency_seconds": args.latency_seconds,
         "failover_trials": args.failover_trials,
         "rss_rows": args.rss_rows,
+        "snapshot_rows": args.snapshot_rows,
         "failover_ttl_s": args.failover_ttl,
         "failover_switch_delay_s": args.failover_switch_delay,
         "spark_example": str(args.spark_example or ""),

@@ -18,6 +18,9 @@ command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc)
 py="${PYTHON:-python3}"
 include="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
 [ -f "$include/Python.h" ] || need_pkgs+=(python3-dev)
+# mysqlclient (the snapshot's chunk reader) builds against MariaDB's C client library.
+[ -f /usr/include/mariadb/mysql.h ] || need_pkgs+=(libmariadb-dev)
+command -v pkg-config >/dev/null 2>&1 || need_pkgs+=(pkg-config)
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -157,3 +157,19 @@ def test_bad_options_are_refused_with_their_name(options: dict[str, str], key: s
     with pytest.raises(ConfigError) as info:
         CanalOptions.parse(options)
     assert info.value.key == key
+
+
+def test_snapshot_read_entries_have_distinct_keys_in_stream_order() -> None:
+    """READ entries of one chunk share a binlog position: their snapshot ordinal orders
+    them (a ledger that kept only keys after its top would drop all but the first)."""
+    entry = rowdata("READ", [{"before": [], "after": [col("id", 5, key=True)]}])
+    entry["header"]["snapshot"] = 2
+    first = {**entry, "header": {**entry["header"], "snapshot": 1}}
+    rows = entry_rows(entry)
+    assert rows[0][COL["event_type"]] == "READ" and rows[0][COL["after"]] == {"id": "5"}
+    assert rows[0][COL["primary_key"]] == '{"id":"5"}'
+    k1, k2 = entry_key(first), entry_key(entry)
+    assert k1 < k2 and (k1.file, k1.pos) == (k2.file, k2.pos)
+    assert EntryKey.from_dict(k2.to_dict()) == k2 and str(k2).endswith("+r2")
+    binlog = entry_key({"header": {**entry["header"], "snapshot": 0}})
+    assert binlog < k1 and "snap" not in binlog.to_dict()

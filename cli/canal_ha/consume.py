@@ -42,7 +42,7 @@ from canal_client.wire import HttpChannel
 from canal_cluster.keys import DEFAULT_PREFIX, Keys
 from canal_cluster.running import ElectionConfig
 from canal_ha.args import positive_int
-from canal_protocol import Batch, Column, Entry, EntryType
+from canal_protocol import Batch, Column, Entry, EntryType, EventType
 from canal_protocol.errors import ConfigError, RetryExhausted
 
 __all__ = ["consume", "format_entry", "register", "status"]
@@ -167,7 +167,11 @@ def format_entry(entry: Entry, fmt: str) -> str:
         return json.dumps(entry.to_json_wire(), ensure_ascii=False, separators=(",", ":"))
     h = entry.header
     when = datetime.datetime.fromtimestamp(h.timestamp_ms / 1000, datetime.UTC)
-    head = f"{when.isoformat(timespec='milliseconds')} {h.logfile}:{h.offset}"
+    snap = f"+r{h.snapshot}" if h.snapshot else ""
+    head = f"{when.isoformat(timespec='milliseconds')} {h.logfile}:{h.offset}{snap}"
+    if h.event_type is EventType.READ and entry.type is not EntryType.ROWDATA:
+        word = "BEGIN" if entry.type is EntryType.TRANSACTIONBEGIN else "COMMIT"
+        return f"{head} {word} snapshot chunk of {entry.full_name}"
     if entry.type is EntryType.TRANSACTIONBEGIN:
         return f"{head} BEGIN gtid={h.gtid}"
     if entry.type is EntryType.TRANSACTIONEND:

@@ -358,11 +358,12 @@ def batch_end(batch: Any) -> EntryKey:
     end: Any = getattr(batch, "end", None)
     journal = str(getattr(end, "journal", "") or "")
     if journal:
-        best = EntryKey.of(journal, int(end.offset))
+        snap = int(getattr(getattr(end, "position", None), "snapshot", 0) or 0)
+        best = EntryKey.of(journal, int(end.offset), snap)
     for entry in list(batch.entries)[-1:]:
         header = entry.header
         stop = int(getattr(header, "end_offset", 0) or header.offset)
-        best = max(best, EntryKey.of(str(header.logfile), stop))
+        best = max(best, EntryKey.of(str(header.logfile), stop, int(header.snapshot or 0)))
     return best
 
 

@@ -67,29 +67,35 @@ _SEQ = re.compile(r"\.(\d+)$")
 
 @dataclass(frozen=True, order=True)
 class EntryKey:
-    """Binlog order of an entry: (file base name, file number, event start)."""
+    """Stream order of an entry: (file base name, file number, event start), then ``snap``,
+    the ordinal of an incremental snapshot's entries put at that position (0 otherwise)."""
 
     base: str
     number: int
     pos: int
     file: str
+    snap: int = 0
 
     @classmethod
-    def of(cls, file: str, pos: int) -> EntryKey:
+    def of(cls, file: str, pos: int, snap: int = 0) -> EntryKey:
         m = _SEQ.search(file)
         if m is None:
-            return cls(file, -1, pos, file)
-        return cls(file[: m.start()], int(m.group(1)), pos, file)
+            return cls(file, -1, pos, file, snap)
+        return cls(file[: m.start()], int(m.group(1)), pos, file, snap)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "pos": self.pos}
+        out: dict[str, Any] = {"file": self.file, "pos": self.pos}
+        if self.snap:
+            out["snap"] = self.snap
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EntryKey:
-        return cls.of(str(d["file"]), int(d["pos"]))
+        return cls.of(str(d["file"]), int(d["pos"]), int(d.get("snap", 0)))
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.pos}" if self.file else "(start)"
+        snap = f"+r{self.snap}" if self.snap else ""
+        return f"{self.file}:{self.pos}{snap}" if self.file else "(start)"
 
 
 MIN_KEY = EntryKey.of("", 0)
@@ -133,7 +139,11 @@ def _text(value: Any) -> str:
 
 def entry_key(entry: Any) -> EntryKey:
     header = _get(entry, "header")
-    return EntryKey.of(str(_get(header, "logfile", "")), int(_get(header, "offset", 0)))
+    return EntryKey.of(
+        str(_get(header, "logfile", "")),
+        int(_get(header, "offset", 0)),
+        int(_get(header, "snapshot", 0) or 0),
+    )
 
 
 def entry_timestamp_ms(entry: Any) -> int:

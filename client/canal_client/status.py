@@ -6,7 +6,9 @@ Two sources, one shape (``status_from_etcd`` / ``status_from_server``)::
      "destinations": {d: {"leader": {"node", "url", "epoch"} | None, "nodes": [...],
                           "reader_position": {...} | None, "binlog_end": {...} | None,
                           "clients": {c: {"active", "filter", "cursor", "lag_bytes",
-                                          "lag_s", "outstanding_batches"}}}}}
+                                          "lag_s", "outstanding_batches"}},
+                          "snapshots": [{"id", "state", "tables_done", "tables_total",
+                                         "rows", "chunks", "rows_per_s"}]}}}
 
 Only subscribed clients are listed. ``reader_position`` and ``binlog_end`` are the
 leader's ``/v1/health`` figures of the destination, asked from the leader in both
@@ -23,6 +25,8 @@ cases, so both sources compute the same lag (``lag_of``) from the same inputs:
 Both are None before the client's first ack or when the leader does not answer. An idle
 database keeps them still: nothing is written, so a caught-up client stays at 0 and 0
 (the old "now - commit time" grew forever).
+Incremental snapshots come from ``{d}/snapshots/{id}`` (etcd; ``rows_per_s`` None: only
+the leader knows it) or the leader's ``GET /v1/destinations/{d}/snapshots``.
 """
 
 from __future__ import annotations
@@ -37,8 +41,15 @@ from canal_cluster.keys import Keys
 from canal_cluster.running import RunningInfo
 from canal_protocol.errors import CanalError
 
-__all__ = ["Health", "fetch_health", "format_table", "lag_of", "status_from_etcd",
-           "status_from_server"]  # fmt: skip
+__all__ = [
+    "Health",
+    "fetch_health",
+    "format_table",
+    "lag_of",
+    "snapshot_summary",
+    "status_from_etcd",
+    "status_from_server",
+]  # fmt: skip
 
 Health = Callable[[str], dict[str, Any] | None]  # leader URL -> its /v1/health body
 
@@ -88,7 +99,7 @@ def lag_of(
 def _destination(out: dict[str, Any], name: str) -> dict[str, Any]:
     dests: dict[str, dict[str, Any]] = out["destinations"]
     empty: dict[str, Any] = {"reader_position": None, "binlog_end": None, "clients": {}}
-    return dests.setdefault(name, {"leader": None, "nodes": [], **empty})
+    return dests.setdefault(name, {"leader": None, "nodes": [], **empty, "snapshots": []})
 
 
 def _new_client() -> dict[str, Any]:
@@ -129,10 +140,30 @@ def status_from_etcd(
     return out
 
 
+def snapshot_summary(data: Any) -> dict[str, Any] | None:
+    """A snapshot's progress in the status shape, from the API's form or from etcd's."""
+    if not isinstance(data, dict) or "id" not in data:
+        return None
+    if "tables_done" in data:
+        keys = ("id", "state", "tables_done", "tables_total", "rows", "chunks", "rows_per_s")
+        return {k: data.get(k) for k in keys}
+    progress = [p for p in data.get("progress") or [] if isinstance(p, dict)]
+    return {
+        "id": data["id"], "state": data.get("state"),
+        "tables_done": sum(1 for p in progress if p.get("done")),
+        "tables_total": len(progress), "rows": sum(int(p.get("rows", 0)) for p in progress),
+        "chunks": sum(int(p.get("chunks", 0)) for p in progress), "rows_per_s": None,
+    }  # fmt: skip
+
+
 def _etcd_key(
     d: dict[str, Any], clients: dict[str, dict[str, Any]], parts: list[str], kv: KeyValue
 ) -> None:
-    if parts == ["running"]:
+    if len(parts) == 2 and parts[0] == "snapshots":
+        summary = snapshot_summary(_json(kv.value))
+        if summary is not None:
+            d["snapshots"].append(summary)
+    elif parts == ["running"]:
         info = RunningInfo.from_kv(kv)
         d["leader"] = {"node": info.node, "url": info.url, "epoch": info.epoch}
     elif len(parts) == 2 and parts[0] == "cluster":
@@ -162,8 +193,20 @@ def status_from_server(channel: HttpChannel, url: str) -> dict[str, Any]:
         leader_url = (d["leader"] or {}).get("url")
         if leader_url:
             _server_clients(channel, leader_url, name, d)
+            _server_snapshots(channel, leader_url, name, d)
         _add_lag(d, name, fetch_health(channel))
     return out
+
+
+def _server_snapshots(channel: HttpChannel, leader: str, name: str, d: dict[str, Any]) -> None:
+    try:
+        body = channel.request("GET", leader, f"/v1/destinations/{name}/snapshots").body
+    except CanalError:
+        return
+    for s in (body or {}).get("snapshots", []) if isinstance(body, dict) else []:
+        summary = snapshot_summary(s)
+        if summary is not None:
+            d["snapshots"].append(summary)
 
 
 def _server_clients(channel: HttpChannel, leader: str, name: str, d: dict[str, Any]) -> None:
@@ -242,4 +285,10 @@ def format_table(status: dict[str, Any], write: Callable[[str], object] = print)
             write(
                 f"  {client:<16} {active:<28} {lag_b:>10} {lag_s:>9} "
                 f"{c['outstanding_batches']:>4}  {_position_text(c['cursor'])}"
+            )
+        for s in d.get("snapshots") or []:
+            rate = "-" if s["rows_per_s"] is None else f"{s['rows_per_s']:,.0f}"
+            write(
+                f"  SNAPSHOT {s['id']:<10} {s['state']:<10} tables {s['tables_done']}/"
+                f"{s['tables_total']}  rows {s['rows']:,}  chunks {s['chunks']:,}  rows/s {rate}"
             )

@@ -9,12 +9,13 @@
     {p}/destinations/{d}/{client}/subscription      filter
     {p}/destinations/{d}/{client}/cursor            last acked position
     {p}/destinations/{d}/{client}/mark/{batch:020}  outstanding batch
+    {p}/destinations/{d}/snapshots/{id}             incremental snapshot progress
 
 Every id is checked against ``[A-Za-z0-9_.-]{1,64}`` (``InvalidArgument`` naming the
 field) so nothing a caller sends can escape its prefix; ``.`` and ``..`` match it but
 are refused too (URLs and paths resolve them away: no client could use such an id).
-Client ids ``cluster`` and ``running`` are refused: they would alias the destination's
-own keys.
+Client ids ``cluster``, ``running`` and ``snapshots`` are refused: they would alias the
+destination's own keys.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ __all__ = ["DEFAULT_PREFIX", "Keys", "validate_id"]
 DEFAULT_PREFIX = "/canal"
 _ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _PREFIX = re.compile(r"(/[A-Za-z0-9_.-]+)+")
-_RESERVED_CLIENT_IDS = frozenset({"cluster", "running"})
+_RESERVED_CLIENT_IDS = frozenset({"cluster", "running", "snapshots"})
 _DOT_IDS = frozenset({".", ".."})
 
 

@@ -81,6 +81,7 @@ class EventType(enum.StrEnum):
     GTID = "GTID"
     XACOMMIT = "XACOMMIT"
     HEARTBEAT = "HEARTBEAT"
+    READ = "READ"  # a row of an incremental snapshot (Debezium's "r"): ``after`` image only
 
 
 @dataclass(frozen=True)
@@ -325,9 +326,11 @@ class Header:
     schema: str = ""
     table: str = ""
     event_type: EventType = EventType.QUERY
+    snapshot: int = 0  # an incremental snapshot's entry: its ordinal at this binlog position
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        """The wire dict; ``snapshot`` only on the entries of an incremental snapshot."""
+        out: dict[str, Any] = {
             "logfile": self.logfile,
             "offset": self.offset,
             "end_offset": self.end_offset,
@@ -338,6 +341,9 @@ class Header:
             "table": self.table,
             "event_type": self.event_type.value,
         }
+        if self.snapshot:
+            out["snapshot"] = self.snapshot
+        return out
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Header:
@@ -352,6 +358,7 @@ class Header:
             str(d.get("schema", "")),
             str(d.get("table", "")),
             EventType(d.get("event_type") or "QUERY"),
+            int(d.get("snapshot", 0)),
         )
 
 
@@ -391,6 +398,7 @@ class Entry:
             gtid=self.gtid_state,
             timestamp_ms=h.timestamp_ms,
             included=True,
+            snapshot=h.snapshot,
         )
 
     @property

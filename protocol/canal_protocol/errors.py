@@ -23,6 +23,9 @@
     │   ├── BatchUnavailable        an outstanding batch's entries are not (yet) stored (503)
     │   ├── StartUnavailable        a new subscription's start is not known yet (503)
     │   ├── InvalidArgument         a bad argument; names the field (400)
+    │   │   └── UnknownTable        a snapshot's tables match no table (404)
+    │   ├── UnknownSnapshot         no such incremental snapshot (404)
+    │   ├── SnapshotConflict        a table is in a running snapshot, or it has ended (409)
     │   └── Unauthorized            no or bad bearer token (401)
     ├── CoordinationError           etcd and elections
     │   ├── CoordinatorUnavailable  etcd cannot be reached right now
@@ -64,6 +67,7 @@ __all__ = [
     "SandboxStateError",
     "ServerError",
     "ServerUnreachable",
+    "SnapshotConflict",
     "StaleLeader",
     "StartUnavailable",
     "StoreClosed",
@@ -72,6 +76,8 @@ __all__ = [
     "UnexpectedResponse",
     "UnknownBatch",
     "UnknownDestination",
+    "UnknownSnapshot",
+    "UnknownTable",
 ]
 
 
@@ -167,6 +173,23 @@ class UnknownBatch(ServerError):
 
 class InvalidArgument(ServerError):
     """A bad argument; ``field`` names it."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class UnknownTable(InvalidArgument):
+    """A snapshot names tables that do not exist (no table matches a regex)."""
+
+
+class UnknownSnapshot(ServerError):
+    """No incremental snapshot has this id."""
+
+
+class SnapshotConflict(ServerError):
+    """A table is already in a snapshot that runs, or the snapshot has ended; ``field``."""
 
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(f"{field}: {reason}")

@@ -39,26 +39,33 @@ class EntryPosition:
     several domains): including the transaction that ends at this position, the state
     before it when the position lies inside a transaction; ``timestamp_ms`` the commit
     time; ``included`` is Canal's flag (True: the event at this position was already
-    consumed, resume after it).
+    consumed, resume after it). ``snapshot`` orders the READ entries of an incremental
+    snapshot that sit at one binlog position: 0 for binlog entries, 1, 2, ... for the
+    snapshot entries put after the binlog reached that position (docs/snapshot.md).
     """
 
-    sort_key: tuple[tuple[str, int], int] = field(init=False, repr=False)
+    sort_key: tuple[tuple[str, int], int, int] = field(init=False, repr=False)
     journal: str = ""
     offset: int = 0
     server_id: int = 0
     gtid: str = ""
     timestamp_ms: int = 0
     included: bool = False
+    snapshot: int = 0
 
     def __post_init__(self) -> None:
         if self.offset < 0:
             raise ValueError(f"offset must be >= 0, not {self.offset}")
         if self.timestamp_ms < 0:
             raise ValueError(f"timestamp_ms must be >= 0, not {self.timestamp_ms}")
-        object.__setattr__(self, "sort_key", (journal_seq(self.journal), self.offset))
+        if self.snapshot < 0:
+            raise ValueError(f"snapshot must be >= 0, not {self.snapshot}")
+        key = (journal_seq(self.journal), self.offset, self.snapshot)
+        object.__setattr__(self, "sort_key", key)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The dict form; ``snapshot`` only when it is not 0 (binlog positions keep their form)."""
+        out: dict[str, Any] = {
             "journal": self.journal,
             "offset": self.offset,
             "server_id": self.server_id,
@@ -66,6 +73,9 @@ class EntryPosition:
             "timestamp_ms": self.timestamp_ms,
             "included": self.included,
         }
+        if self.snapshot:
+            out["snapshot"] = self.snapshot
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EntryPosition:
@@ -76,11 +86,13 @@ class EntryPosition:
             gtid=str(d.get("gtid", "")),
             timestamp_ms=int(d.get("timestamp_ms", 0)),
             included=bool(d.get("included", False)),
+            snapshot=int(d.get("snapshot", 0)),
         )
 
     def __str__(self) -> str:
         gtid = f" gtid={self.gtid}" if self.gtid else ""
-        return f"{self.journal}:{self.offset}{gtid} ts={self.timestamp_ms}"
+        snap = f"+r{self.snapshot}" if self.snapshot else ""
+        return f"{self.journal}:{self.offset}{snap}{gtid} ts={self.timestamp_ms}"
 
 
 @dataclass(frozen=True, order=True)

@@ -56,6 +56,9 @@ Layout (keys follow Canal's instance.properties where one exists)::
     local.dir = ""                        # read binlog files from this directory instead
     local.schema_file = ""                #   CREATE TABLEs for binlogs without column names
     local.poll_ms = 500                   #   how often the newest file is checked for more
+    snapshot.tables = ["shop\\.orders"]   # incremental snapshot: schema.table regexes
+    snapshot.mode = "never"               # "initial": snapshot when the destination is new
+    snapshot.chunk_rows = 10000
 
 ``load_config(path)`` raises ``ConfigError(key, reason)``; ``render_toml(data)`` writes
 such a file from a dict (test harnesses, ``canal-ha up``).
@@ -68,7 +71,7 @@ import tomllib
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -80,6 +83,7 @@ from canal_server.filter import EventFilter
 __all__ = [
     "DestinationConfig",
     "NodeConfig",
+    "SnapshotSection",
     "config_from_dict",
     "dsn_of",
     "load_config",
@@ -268,6 +272,30 @@ class LocalSection(_Section):
         return v
 
 
+class SnapshotSection(_Section):
+    """``snapshot.*``: the incremental snapshot of existing rows (docs/snapshot.md)."""
+
+    tables: list[str] = Field(default_factory=list)
+    mode: Literal["initial", "never"] = "never"
+    chunk_rows: int = Field(default=10_000, ge=1, le=1_000_000)
+
+    @field_validator("tables")
+    @classmethod
+    def _regexes(cls, v: list[str]) -> list[str]:
+        for i, pattern in enumerate(v):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"tables[{i}] {pattern!r} is not a regex: {exc}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _initial_needs_tables(self) -> SnapshotSection:
+        if self.mode == "initial" and not self.tables:
+            raise ValueError('mode "initial" needs snapshot.tables')
+        return self
+
+
 class DestinationConfig(_Section):
     """One destination (Canal's instance)."""
 
@@ -285,6 +313,7 @@ class DestinationConfig(_Section):
     heartbeat_s: float = Field(default=5.0, gt=0)
     detecting: DetectingSection = DetectingSection()
     local: LocalSection | None = None
+    snapshot: SnapshotSection = SnapshotSection()
 
     @property
     def effective_slave_id(self) -> int:

@@ -89,6 +89,7 @@ from canal_server.parse.reader import (
     address_of,
 )
 from canal_server.sink import EventSink
+from canal_server.snapshot import Snapshots, SnapshotTerm
 from canal_server.store import EventStore
 
 __all__ = [
@@ -334,6 +335,11 @@ class Instance:
         self._closing = False
         self.last_status = ReaderStatus()
         self._binlog_end = BinlogEndProbe()
+        flt = config.filter
+        self.snapshots = Snapshots(
+            config.name, config.snapshot, self.meta,
+            EventFilter(flt.regex, flt.black_regex, flt.heartbeat_table), flush=self.meta.flush,
+        )  # fmt: skip
 
     # -- wiring ---------------------------------------------------------------------
 
@@ -467,6 +473,7 @@ class Instance:
     def on_gained(self, epoch: int) -> None:
         log.info("%s: gained (epoch %d): loading meta", self.name, epoch)
         self.meta.activate(epoch)
+        new_destination = self.meta.origin() is None
         term = _Term(self, epoch)
         with self._lock:
             self._term = term
@@ -477,6 +484,7 @@ class Instance:
             target=self._read_loop, args=(term,), name=f"reader {self.name}", daemon=True
         )
         term.thread.start()
+        self.snapshots.start_term(self._snapshot_term(term), initial=new_destination)
         term.ready = True
         if self.metrics is not None:
             self.metrics.won()
@@ -492,6 +500,17 @@ class Instance:
         if self.metrics is not None:
             self.metrics.lost()
         log.info("%s: stopped serving (epoch %d)", self.name, epoch)
+
+    def _snapshot_term(self, term: _Term) -> SnapshotTerm:
+        def vouched() -> bool:
+            monitor = self.monitor
+            return monitor is None or monitor.leader_epoch() == term.epoch
+
+        return SnapshotTerm(
+            epoch=term.epoch, sink=term.sink, source=lambda: term.reader.source,
+            identity=lambda: term.reader.identity, vouched=vouched, stop=term.stop,
+            min_cursor=lambda: MetaLogPositionManager(lambda d: self.meta).get_latest(self.name),
+        )  # fmt: skip
 
     def _on_fenced(self, epoch: int) -> None:
         if self.monitor is not None:
@@ -512,6 +531,7 @@ class Instance:
         term.stop.set()
         term.store.stop()  # wakes waiting long polls and a blocked put
         term.reader.stop()
+        self.snapshots.stop_term()
         term.memory.forget(self.name)
         if term.thread is not None:
             term.thread.join(5.0)
@@ -571,6 +591,7 @@ class Instance:
         term.started = LogPosition(found.identity, start)
         if term.base is None:
             term.base = term.started
+        term.sink.reached(term.started, start.gtid)
         term.set_status(
             "running", start={**start.to_dict(), "reasons": [str(r) for r in found.reasons]}
         )

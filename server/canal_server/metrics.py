@@ -23,6 +23,7 @@ __all__ = [
     "DestinationGauges",
     "InstanceMetrics",
     "NodeMetrics",
+    "SnapshotGauge",
     "StateSource",
 ]
 
@@ -37,6 +38,19 @@ class ClientGauge:
 
 
 @dataclass(frozen=True)
+class SnapshotGauge:
+    """One incremental snapshot's progress (the leader's ``Snapshots``)."""
+
+    snapshot: str
+    state: str
+    tables_done: int
+    tables_total: int
+    rows: int
+    chunks: int
+    rows_per_s: float
+
+
+@dataclass(frozen=True)
 class DestinationGauges:
     destination: str
     epoch: int
@@ -44,6 +58,7 @@ class DestinationGauges:
     store_entries: int = 0
     store_bytes: int = 0
     clients: Sequence[ClientGauge] = field(default_factory=tuple)
+    snapshots: Sequence[SnapshotGauge] = field(default_factory=tuple)
 
 
 class StateSource(Protocol):
@@ -115,6 +130,27 @@ class _StateCollector(Collector):
                 if c.cursor_lag_s is not None:
                     lag.add_metric([d, c.client], c.cursor_lag_s)
         yield from (epoch, leader, entries, size, outstanding, lag)
+        yield from _snapshot_metrics(self._source.gauges())
+
+
+_SNAPSHOT_METRICS = (
+    ("tables_done", "canal_snapshot_tables_done", "Tables an incremental snapshot has read"),
+    ("tables_total", "canal_snapshot_tables_total", "Tables of an incremental snapshot"),
+    ("rows", "canal_snapshot_rows", "Rows an incremental snapshot has put into the stream"),
+    ("chunks", "canal_snapshot_chunks", "Chunks an incremental snapshot has put"),
+    ("rows_per_s", "canal_snapshot_rows_per_second", "Rows per second since this leader began"),
+)
+
+
+def _snapshot_metrics(gauges: Iterable[DestinationGauges]) -> Iterator[Metric]:
+    """Per snapshot (labels destination, snapshot, state), on the leader only."""
+    labels = ["destination", "snapshot", "state"]
+    families = [(attr, GaugeMetricFamily(n, h, labels=labels)) for attr, n, h in _SNAPSHOT_METRICS]
+    for g in gauges:
+        for s in g.snapshots:
+            for attr, family in families:
+                family.add_metric([g.destination, s.snapshot, s.state], getattr(s, attr))
+    yield from (family for _, family in families)
 
 
 class NodeMetrics:

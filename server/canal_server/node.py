@@ -32,7 +32,7 @@ from canal_cluster.running import RunningInfo, RunningMonitor, read_running, ser
 from canal_protocol.errors import CoordinationError, Fenced, UnknownDestination
 from canal_server.config import NodeConfig
 from canal_server.instance import Instance, Role, build_instance
-from canal_server.metrics import ClientGauge, DestinationGauges, NodeMetrics
+from canal_server.metrics import ClientGauge, DestinationGauges, NodeMetrics, SnapshotGauge
 from canal_server.parse import rowcodec
 
 __all__ = ["ETCD_CHECK_TTL_S", "DestinationView", "EtcdProbe", "Node"]
@@ -318,4 +318,11 @@ class Node:
                     if cursor is not None and newest:
                         lag = max(0.0, (newest - cursor.position.timestamp_ms) / 1000)
                     clients.append(ClientGauge(c, len(inst.meta.batches(c)), lag))
-            yield DestinationGauges(name, v.epoch, v.role is Role.LEADER, entries, size, clients)
+            snapshots = [
+                SnapshotGauge(s["id"], s["state"], s["tables_done"], s["tables_total"], s["rows"],
+                              s["chunks"], s["rows_per_s"])
+                for s in (inst.snapshots.runs() if v.role is Role.LEADER else ())
+            ]  # fmt: skip
+            yield DestinationGauges(
+                name, v.epoch, v.role is Role.LEADER, entries, size, clients, snapshots
+            )

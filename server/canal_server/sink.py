@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 
 from canal_protocol.entry import Entry, EntryType
 from canal_protocol.positions import LogIdentity, LogPosition
@@ -21,6 +22,12 @@ class EventSink:
     transaction (after a TRANSACTIONEND, or after entries without boundaries, such as
     a DDL), and it is the position of the last *raw* entry, so filtered transactions
     are not read again after a restart. Blocks while the store is full.
+
+    Incremental snapshots (``canal_server.snapshot``) put their chunks through the same
+    store: ``cond`` is held for every put, so a chunk never lands inside a transaction;
+    ``last`` / ``last_gtid`` are the position and GTID state of the last transaction
+    boundary put (or where the reader started: ``reached``); ``tap`` sees every raw
+    entry, before the filter, to record the keys a snapshot must not overwrite.
     """
 
     def __init__(
@@ -35,18 +42,32 @@ class EventSink:
         self.store = store
         self.positions = positions
         self._in_transaction = False
+        self.cond = threading.Condition()
+        self.last: LogPosition | None = None
+        self.last_gtid = ""
+        self.tap: Callable[[Sequence[Entry]], None] | None = None
 
     def sink(self, entries: Sequence[Entry], identity: LogIdentity) -> None:
         if not entries:
             return
-        kept = self.filter.filter_transaction(entries)
-        if kept:
-            self.store.put(kept, identity)
-        for e in entries:
-            if e.type is EntryType.TRANSACTIONBEGIN:
-                self._in_transaction = True
-            elif e.type is EntryType.TRANSACTIONEND:
-                self._in_transaction = False
-        if not self._in_transaction:
-            position = LogPosition(identity, entries[-1].position())
-            self.positions.persist(self.destination, position)
+        with self.cond:
+            kept = self.filter.filter_transaction(entries)
+            if kept:
+                self.store.put(kept, identity)
+            if self.tap is not None:
+                self.tap(entries)
+            for e in entries:
+                if e.type is EntryType.TRANSACTIONBEGIN:
+                    self._in_transaction = True
+                elif e.type is EntryType.TRANSACTIONEND:
+                    self._in_transaction = False
+            if not self._in_transaction:
+                position = LogPosition(identity, entries[-1].position())
+                self.positions.persist(self.destination, position)
+                self.reached(position, entries[-1].gtid_state)
+
+    def reached(self, position: LogPosition, gtid_state: str) -> None:
+        """The reader is at a transaction boundary at ``position`` (wakes snapshot chunks)."""
+        with self.cond:
+            self.last, self.last_gtid = position, gtid_state
+            self.cond.notify_all()

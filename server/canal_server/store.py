@@ -303,8 +303,10 @@ class EventStore:
 
     def last_starting_by(self, journal: str, offset: int) -> StoredEvent | None:
         """The last stored event whose entry starts at or before ``journal``:``offset``
-        (binlog order; an entry's header start, not its resume position)."""
-        key = (journal_seq(journal), offset)
+        (binlog order; an entry's header start, not its resume position). The entries of
+        an incremental snapshot put at that very offset come after it (their
+        ``header.snapshot`` orders them): never passed over, at worst delivered again."""
+        key = (journal_seq(journal), offset, 0)
         with self._lock:
             idx = bisect.bisect_right(
                 range(self._head, len(self._events)),
@@ -312,6 +314,7 @@ class EventStore:
                 key=lambda i: (
                     journal_seq(self._events[i].entry.header.logfile),
                     self._events[i].entry.header.offset,
+                    self._events[i].entry.header.snapshot,
                 ),
             )
             return self._events[self._head + idx - 1] if idx else None

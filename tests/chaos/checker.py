@@ -39,6 +39,7 @@ __all__ = [
     "CheckResult",
     "ExpectedChange",
     "Fault",
+    "applied_state",
     "check",
     "parse_consumer_log",
 ]
@@ -74,6 +75,7 @@ class BatchSeen:
     epoch: int
     server: str
     changes: tuple[ChangeId, ...]
+    reads: tuple[ChangeId, ...] = ()  # every row in order, snapshot READ rows (op R) too
 
 
 @dataclass(frozen=True)
@@ -321,6 +323,21 @@ def check(
     return result
 
 
+def applied_state(stream: Sequence[BatchSeen | AckSeen]) -> dict[tuple[str, int], int]:
+    """What a consumer that applies its stream in order holds: (table, key) → version
+    (READ and INSERT/UPDATE set it, DELETE removes it), batch after batch as received."""
+    state: dict[tuple[str, int], int] = {}
+    for e in stream:
+        if not isinstance(e, BatchSeen):
+            continue
+        for table, key, op, version in e.reads or e.changes:
+            if op == "D":
+                state.pop((table, key), None)
+            else:
+                state[(table, key)] = version
+    return state
+
+
 # -- the consumer's log ---------------------------------------------------------------------
 
 
@@ -335,7 +352,7 @@ def parse_consumer_log(lines: Iterable[str], seq_base: int = 0) -> list[BatchSee
         except ValueError:
             continue
         if data.get("ev") == "batch":
-            changes = tuple((str(c[0]), int(c[1]), str(c[2]), int(c[3])) for c in data["ch"])
+            rows = tuple((str(c[0]), int(c[1]), str(c[2]), int(c[3])) for c in data["ch"])
             events.append(
                 BatchSeen(
                     seq_base + int(data["seq"]),
@@ -343,7 +360,8 @@ def parse_consumer_log(lines: Iterable[str], seq_base: int = 0) -> list[BatchSee
                     int(data["id"]),
                     int(data["epoch"]),
                     str(data["url"]),
-                    changes,
+                    tuple(r for r in rows if r[2] != "R"),
+                    rows if any(r[2] == "R" for r in rows) else (),
                 )
             )
         elif data.get("ev") == "ack":

@@ -8,9 +8,10 @@ Run as a process (so a scenario can SIGKILL it)::
 For each non-empty batch it appends one JSON line ``{"ev": "batch", "seq", "t", "id",
 "epoch", "url", "ch": [[table, k, op, v], ...]}`` (flushed) *before* acking, then
 ``{"ev": "ack", "seq", "t"}`` after the ack returned. Only row changes of the tables
-``{tag}_*`` are listed (``op`` I/U/D, ``v`` the after-image version, the before-image
-one for deletes). ``--stall-after N``: after logging the N-th batch, never ack and
-write ``{"ev": "stalled"}`` (the scenario then kills it). SIGTERM stops it cleanly.
+``{tag}_*`` are listed (``op`` I/U/D, R for the rows of an incremental snapshot, ``v``
+the after-image version, the before-image one for deletes). ``--stall-after N``: after
+logging the N-th batch, never ack and write ``{"ev": "stalled"}`` (the scenario then
+kills it). SIGTERM stops it cleanly.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from canal_client.connector import ClusterConnector
 from canal_cluster.running import ElectionConfig
 from canal_protocol import Batch, Column, EntryType
 
-_OPS = {"INSERT": "I", "UPDATE": "U", "DELETE": "D"}
+_OPS = {"INSERT": "I", "UPDATE": "U", "DELETE": "D", "READ": "R"}
 
 
 def _value(cols: tuple[Column, ...], name: str) -> Any:

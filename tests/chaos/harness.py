@@ -91,13 +91,21 @@ class ChaosRun:
         return self.nodes[0].prefix
 
     def start(
-        self, nodes: int = 3, rate_txn_s: float = 40.0, load: bool = True, **overrides: Any
+        self,
+        nodes: int = 3,
+        rate_txn_s: float = 40.0,
+        load: bool = True,
+        prefill: int = 0,
+        **overrides: Any,
     ) -> ChaosRun:
         """Tables, ``nodes`` nodes (one destination, filtered to the load's tables), the
         leader poller; the load starts once a leader reads (``load=False``: call
         ``start_load`` yourself, e.g. after several clients subscribed: a client that
-        subscribes later starts where the store is then)."""
+        subscribes later starts where the store is then). ``prefill``: rows per table
+        written before the nodes start (for snapshots)."""
         self.writer = LoadWriter(self.box.primary, self.tag, rate_txn_s).setup()
+        if prefill:
+            self.writer.prefill(prefill)
         dest = {"filter": {"regex": self.writer.filter_regex}, **overrides.pop("destination", {})}
         self.nodes = start_nodes(self.box, nodes, self.workdir, destination=dest, **overrides)
         self._start_poller()

@@ -110,6 +110,39 @@ class LoadWriter:
         self.server.execute(*stmts)
         return self
 
+    def prefill(self, rows: int) -> LoadWriter:
+        """``rows`` rows in each table before the load starts (version 1; not in the
+        history: a destination started later sees them only through a snapshot)."""
+        first = self._next_key
+        for table in self.tables:
+            self.server.execute(
+                f"INSERT INTO {table} (k, v, pad) SELECT seq, 1, 'prefill' "
+                f"FROM {table.split('.')[0]}.seq_{first}_to_{first + rows - 1}"
+            )
+            for key in range(first, first + rows):
+                self._live[table][key] = 1
+                self._maxver[(table, key)] = 1
+        self._next_key = first + rows
+        return self
+
+    def db_state(self) -> dict[tuple[str, int], int]:
+        """The rows the tables have now: (table, key) → version."""
+        conn = self._connect()
+        try:
+            state: dict[tuple[str, int], int] = {}
+            with conn.cursor() as cur:
+                for table in self.tables:
+                    cur.execute(f"SELECT k, v FROM {table}")
+                    state.update(((table, int(k)), int(v)) for k, v in cur.fetchall())
+            return state
+        finally:
+            conn.close()
+
+    def db_lost_keys(self) -> set[tuple[str, int]]:
+        """Keys changed by transactions the database lost in a failover."""
+        with self._lock:
+            return {(o.table, o.key) for t in self._txns if t.state == "db_lost" for o in t.ops}
+
     def start(self) -> LoadWriter:
         self._thread = threading.Thread(target=self._run, name=f"load {self.tag}", daemon=True)
         self._thread.start()

@@ -25,13 +25,16 @@ no_leader / fenced / starting / unavailable / etcd_unavailable.
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.staticfiles import StaticFiles
 
 from canal_server.api import errors, routes_destinations, routes_docs, routes_node
 from canal_server.api import models as m
+from canal_server.api.deps import LeaderLookup, check_token, read_body
+from canal_server.api.encoding import encode
 from canal_server.api.responses import EpochHeader
 from canal_server.node import Node
+from canal_server.snapshot_routes import SnapshotRouteParts, add_snapshot_routes
 
 __all__ = ["create_app"]
 
@@ -53,5 +56,11 @@ def create_app(node: Node) -> FastAPI:
     app.include_router(routes_docs.router)
     app.include_router(routes_node.router)
     app.include_router(routes_destinations.router)
+    add_snapshot_routes(app, node, SnapshotRouteParts(check_token, _leader_of, encode, read_body))
     app.add_middleware(EpochHeader, node=node)
     return app
+
+
+def _leader_of(request: Request, destination: str, client_id: str | None) -> object:
+    """The destination's leader on this node, else the 307/503 answer (``LeaderLookup``)."""
+    return LeaderLookup(request, destination, client_id or "").leader()

@@ -91,7 +91,8 @@ class LeaderLookup:
         503 while none is usable; 400/404 for a bad id or an unknown destination."""
         d, node = self.destination, node_of(self.request)
         validate_id(d, "destination")
-        Keys().client_prefix(d, self.client_id)  # InvalidArgument("client_id")
+        if self.client_id:  # destination-wide routes (snapshots) name no client
+            Keys().client_prefix(d, self.client_id)  # InvalidArgument("client_id")
         serving = node.instance(d).serving()
         if serving is not None:
             return serving

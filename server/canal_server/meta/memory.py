@@ -89,13 +89,16 @@ class MetaSnapshot:
     """A full, immutable copy of one destination's metadata.
 
     ``clients`` also holds unsubscribed client ids (``subscribed=False``) whose only
-    content is their batch id counter.
+    content is their batch id counter. ``extras`` are other values the leader keeps
+    fenced with the rest (the incremental snapshots' progress): key relative to the
+    destination's prefix (``snapshots/{id}``) → bytes.
     """
 
     destination: str
     clients: Mapping[str, ClientMeta] = field(default_factory=dict)
     version: int = 0
     origin: LogPosition | None = None
+    extras: Mapping[str, bytes] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -227,6 +230,7 @@ class MemoryMetaManager(MetaManager):
         self._lock = threading.RLock()
         self._clients: dict[str, _Client] = {}
         self._origin: LogPosition | None = None
+        self._extras: dict[str, bytes] = {}
         self._version = 0
 
     def _changed(self) -> None:
@@ -325,6 +329,23 @@ class MemoryMetaManager(MetaManager):
                 self._origin = position
                 self._changed()
 
+    def extras(self) -> dict[str, bytes]:
+        """The extra values (``MetaSnapshot.extras``), a copy."""
+        with self._lock:
+            return dict(self._extras)
+
+    def set_extra(self, key: str, value: bytes | None) -> None:
+        """Set (None: delete) one extra value; flushed like everything else."""
+        with self._lock:
+            if value is None:
+                if self._extras.pop(key, None) is None:
+                    return
+            elif self._extras.get(key) == value:
+                return
+            else:
+                self._extras[key] = value
+            self._changed()
+
     @property
     def version(self) -> int:
         with self._lock:
@@ -334,8 +355,9 @@ class MemoryMetaManager(MetaManager):
         with self._lock:
             clients = {k: c.frozen() for k, c in self._clients.items()}
             return MetaSnapshot(
-                self.destination, MappingProxyType(clients), self._version, self._origin
-            )
+                self.destination, MappingProxyType(clients), self._version, self._origin,
+                MappingProxyType(dict(self._extras)),
+            )  # fmt: skip
 
     def restore(self, snapshot: MetaSnapshot) -> None:
         if snapshot.destination != self.destination:
@@ -345,4 +367,5 @@ class MemoryMetaManager(MetaManager):
         with self._lock:
             self._clients = {k: _Client.thaw(m) for k, m in snapshot.clients.items()}
             self._origin = snapshot.origin
+            self._extras = dict(snapshot.extras)
             self._version = max(self._version, snapshot.version) + 1

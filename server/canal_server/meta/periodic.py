@@ -8,6 +8,7 @@ Keys (docs/architecture.md):
     {p}/destinations/{d}/{client}/subscription      {"filter", "subscribed", "last_batch_id"}
     {p}/destinations/{d}/{client}/cursor            LogPosition.to_dict()
     {p}/destinations/{d}/{client}/mark/{batch:020}  PositionRange.to_dict()
+    {p}/destinations/{d}/snapshots/{id}             an incremental snapshot's progress
 
 A flush writes the difference between the memory state and what the last successful
 flush left in etcd, so a failed flush is simply retried by the next one: nothing is
@@ -38,10 +39,11 @@ from canal_server.meta.memory import (
     PositionRange,
 )
 
-__all__ = ["MAX_TXN_OPS", "PeriodicMetaManager", "decode_meta", "encode_meta"]
+__all__ = ["EXTRA_PREFIXES", "MAX_TXN_OPS", "PeriodicMetaManager", "decode_meta", "encode_meta"]
 
 log = logging.getLogger(__name__)
 MAX_TXN_OPS = 100  # etcd refuses more than 128 operations in one transaction
+EXTRA_PREFIXES = ("snapshots/",)  # MetaSnapshot.extras: keys under the destination prefix
 
 
 def _json(data: Any) -> bytes:
@@ -71,6 +73,9 @@ def encode_meta(keys: Keys, snapshot: MetaSnapshot) -> dict[str, bytes]:
             out[keys.mark(d, client, batch_id)] = _json(positions.to_dict())
     if snapshot.origin is not None:
         out[keys.origin(d)] = _json(snapshot.origin.to_dict())
+    base = keys.destination_prefix(d)
+    for rel, value in sorted(snapshot.extras.items()):
+        out[base + rel] = value
     return out
 
 
@@ -79,9 +84,13 @@ def decode_meta(keys: Keys, destination: str, stored: Mapping[str, bytes]) -> Me
     parts: dict[str, dict[str, Any]] = {}
     base = keys.destination_prefix(destination)
     origin: LogPosition | None = None
+    extras: dict[str, bytes] = {}
     for key, value in stored.items():
         if key == keys.origin(destination):
             origin = LogPosition.from_dict(json.loads(value))
+            continue
+        if key[len(base) :].startswith(EXTRA_PREFIXES):
+            extras[key[len(base) :]] = value
             continue
         client, _, rest = key[len(base) :].partition("/")
         entry = parts.setdefault(client, {"batches": []})
@@ -93,7 +102,9 @@ def decode_meta(keys: Keys, destination: str, stored: Mapping[str, bytes]) -> Me
         elif rest.startswith("mark/"):
             entry["batches"].append((Keys.batch_id_of(key), data))
     clients = {c: _client_meta(e) for c, e in parts.items()}
-    return MetaSnapshot(destination, MappingProxyType(clients), origin=origin)
+    return MetaSnapshot(
+        destination, MappingProxyType(clients), origin=origin, extras=MappingProxyType(extras)
+    )
 
 
 def _client_meta(e: Mapping[str, Any]) -> ClientMeta:
@@ -109,6 +120,8 @@ def _is_meta_key(keys: Keys, destination: str, key: str) -> bool:
     if key == keys.origin(destination):
         return True
     rest = key[len(keys.destination_prefix(destination)) :]
+    if rest.startswith(EXTRA_PREFIXES):
+        return True
     client, _, kind = rest.partition("/")
     if client in ("running", "cluster") or not kind:
         return False
