@@ -109,17 +109,18 @@ def etcdctl(cluster: EtcdCluster, pki: Pki, *args: str, user: str | None = None)
 
 
 def enable_etcd_auth(
-    cluster: EtcdCluster, pki: Pki, users: dict[str, tuple[str, list[str]]]
+    cluster: EtcdCluster, pki: Pki, users: dict[str, tuple[str, list[tuple[str, str]]]]
 ) -> None:
-    """``users``: name → (password, prefixes its role may read and write); then auth on."""
+    """``users``: name → (password, [(read|write|readwrite, key prefix)] its role holds);
+    then auth on (etcdctl's ``user add name:password`` form, as an operator would)."""
     etcdctl(cluster, pki, "user", "add", f"root:{ROOT_PASSWORD}")
     etcdctl(cluster, pki, "role", "add", "root")
     etcdctl(cluster, pki, "user", "grant-role", "root", "root")
-    for name, (password, prefixes) in users.items():
+    for name, (password, permissions) in users.items():
         etcdctl(cluster, pki, "role", "add", f"{name}-role")
-        for prefix in prefixes:
+        for permission, prefix in permissions:
             etcdctl(cluster, pki, "role", "grant-permission", f"{name}-role", "--prefix=true",
-                    "readwrite", prefix)  # fmt: skip
+                    permission, prefix)  # fmt: skip
         etcdctl(cluster, pki, "user", "add", f"{name}:{password}")
         etcdctl(cluster, pki, "user", "grant-role", name, f"{name}-role")
     etcdctl(cluster, pki, "auth", "enable")

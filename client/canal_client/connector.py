@@ -198,6 +198,7 @@ class Connector:
             if self._gate is None:
                 self._call("connect", lambda session: None)
                 return
+            self._gate.check_access()
             if self._connect_deadline is not None:
                 self._await_leader(self._connect_deadline)
             with self._lock:

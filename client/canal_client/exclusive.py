@@ -67,11 +67,13 @@ class ActiveGate:
         self._started = False
         self._stopping = False
 
+    def check_access(self) -> None:
+        """``CoordinatorAccessDenied`` at once when etcd refuses our writes to the client
+        running key (before any wait for a leader)."""
+        refuse_if_denied(self._coord, self._client_prefix, write=True)
+
     def start(self) -> None:
-        """Campaign for the client running key (etcd refusing our writes there:
-        ``CoordinatorAccessDenied`` at once)."""
         if not self._started:
-            refuse_if_denied(self._coord, self._client_prefix, write=True)
             self._started = True
             self._stopping = False
             self._monitor.start()

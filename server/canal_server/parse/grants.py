@@ -85,9 +85,10 @@ def missing_grants(cur: Any) -> list[str]:
 def grants_error(cur: Any, missing: list[str], address: str) -> BinlogConfigError:
     """The error naming the user, what it lacks, why, and the GRANT that fixes it."""
     user = _user_of(cur)
-    why = "; ".join(f"{p}: {REQUIRED_GRANTS.get(p, REQUIRED_GRANTS['BINLOG MONITOR'])}"
-                    for p in missing)  # fmt: skip
+    lacks = " and ".join(
+        f"{p} (for {REQUIRED_GRANTS.get(p, REQUIRED_GRANTS['BINLOG MONITOR'])})" for p in missing
+    )
     return BinlogConfigError(
-        f"database user {user} on {address} lacks {', '.join(missing)} ({why}): run "
+        f"database user {user} on {address} lacks {lacks}: run "
         f"GRANT {', '.join(missing)} ON *.* TO {user} (docs/security.md)"
     )
