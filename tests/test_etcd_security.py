@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tls_fixtures import Pki, enable_etcd_auth, make_pki, server_tls
@@ -47,7 +48,7 @@ class SecureEtcd:
     def endpoints(self) -> list[str]:
         return self.cluster.endpoints
 
-    def security(self, **changes: str) -> EtcdSecurity:
+    def security(self, **changes: Any) -> EtcdSecurity:
         base = EtcdSecurity(
             str(self.pki.ca), str(self.pki.client.cert), str(self.pki.client.key),
             "canal", NODE_PASSWORD,

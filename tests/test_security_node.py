@@ -234,7 +234,7 @@ def _server_start(
 
 
 KEY = f"destinations.{DEST}.db"
-REFUSALS = {
+REFUSALS: dict[str, tuple[dict[str, Any], str, str]] = {
     "wrong password": ({"password": "wrong"}, f"{KEY}.password", "refused user 'canal_tls'"),
     "no client certificate": (
         {"tls": {"cert_file": "", "key_file": ""}}, f"{KEY}.password", "client certificate",
