@@ -193,3 +193,5 @@ def test_spark_etcd_options(pki: Pki, tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         CanalOptions.parse({**base, "etcdPassword": "a", "etcdPasswordFile": str(pw)})
     assert err.value.key == "etcdPasswordFile"
+    with_token = CanalOptions.parse({**base, "etcdPassword": "x", "tokenFile": str(pw)})
+    assert with_token.token == "file-pw"

@@ -17,8 +17,8 @@ Rows: see ``canal_client.spark_rows`` (one row per changed row; ``before``/``aft
 ``startingOffsets`` (``earliest``; see README), ``connectorFactory`` (tests:
 ``module:function`` building the connector); a secured etcd (``https://`` endpoints):
 ``etcdCaFile``, ``etcdCertFile``, ``etcdKeyFile``, ``etcdUser`` and ``etcdPassword`` or
-``etcdPasswordFile`` (read on the driver; Spark redacts option values whose name holds
-"password" in its UI and plans).
+``etcdPasswordFile``; ``tokenFile`` instead of ``token`` (files read on the driver;
+Spark redacts option values whose name holds "password" or "token" in its UI and plans).
 
 How batches become micro-batches, exactly once with a checkpointed sink:
 
@@ -191,7 +191,7 @@ class CanalOptions:
             servers=servers,
             batch_size=_int(opts, "batchSize", 1000, 1, 65_536),  # the server's limit
             filter=str(opts.get("filter", "")),
-            token=opts.get("token") or None,
+            token=_secret_option(opts, "token", "tokenFile") or None,
             etcd_prefix=str(opts.get("etcdPrefix", "/canal")),
             poll_timeout_s=_int(opts, "pollTimeoutMs", 1000, 0, 600_000) / 1000,
             max_batches_per_trigger=_int(opts, "maxBatchesPerTrigger", 10, 1, 100_000),
@@ -205,7 +205,7 @@ class CanalOptions:
             etcd_cert_file=str(opts.get("etcdCertFile", "")),
             etcd_key_file=str(opts.get("etcdKeyFile", "")),
             etcd_user=str(opts.get("etcdUser", "")),
-            etcd_password=_etcd_password(opts),
+            etcd_password=_secret_option(opts, "etcdPassword", "etcdPasswordFile"),
         )
 
     def etcd_security(self) -> Any:
@@ -230,17 +230,18 @@ _ETCD_LABELS = {
 }
 
 
-def _etcd_password(opts: Mapping[str, str]) -> str:
-    """``etcdPassword``, or the content of ``etcdPasswordFile`` (one trailing newline off)."""
-    path = str(opts.get("etcdPasswordFile", ""))
-    if path and opts.get("etcdPassword"):
-        raise ConfigError("etcdPasswordFile", "give etcdPassword or etcdPasswordFile, not both")
+def _secret_option(opts: Mapping[str, str], name: str, file_name: str) -> str:
+    """Option ``name``, or the content of the file ``file_name`` names (one trailing
+    newline off): a secret that stays out of the job's code and command line."""
+    path = str(opts.get(file_name, ""))
+    if path and opts.get(name):
+        raise ConfigError(file_name, f"give {name} or {file_name}, not both")
     if not path:
-        return str(opts.get("etcdPassword", ""))
+        return str(opts.get(name, ""))
     try:
         return Path(path).read_text().removesuffix("\n")
     except OSError as exc:
-        raise ConfigError("etcdPasswordFile", f"cannot read {path!r}: {exc.strerror}") from None
+        raise ConfigError(file_name, f"cannot read {path!r}: {exc.strerror}") from None
 
 
 # -- the connector the reader needs (canal_client.connector's contract) ---------------------
