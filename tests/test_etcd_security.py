@@ -246,7 +246,7 @@ def test_status_cli_over_tls_with_a_user(secure_etcd: SecureEtcd, tmp_path: Path
     assert ok.returncode == 0, ok.stderr
 
     bad = _cli(args, {"CANAL_ETCD_PASSWORD": "not-the-password"})
-    assert bad.returncode == 1
+    assert bad.returncode == 2
     assert "$CANAL_ETCD_PASSWORD / --etcd-password-file: etcd refused user 'canal'" in bad.stderr
     assert "not-the-password" not in bad.stderr + bad.stdout
     assert NODE_PASSWORD not in ok.stderr + ok.stdout
@@ -267,7 +267,7 @@ def test_server_with_a_wrong_etcd_password_exits_naming_the_key(
     path = tmp_path / "node.toml"
     path.write_text(render_toml(config))
     res = _cli(["server", "--config", str(path)], {"NODE_ETCD_PASSWORD": "wrong-pw-3c2d"})
-    assert res.returncode == 1, res.stderr
+    assert res.returncode == 2, res.stderr
     assert "canal-ha server: etcd.password: etcd refused user 'canal'" in res.stderr
     assert "wrong-pw-3c2d" not in res.stderr + res.stdout
 
