@@ -1,8 +1,9 @@
 """The `canal-ha` command line: argument parsing and dispatch, one function per command.
 
 Exit codes (docs/api.md): 0 success, 2 bad usage or config (one-line reason; etcd
-refusing our certificate, user or role too), 1 runtime failure. Each command module registers its subcommands; the heavy dependencies (the
-server's, the sandbox's) are imported when a command runs, so `canal-ha consume` works
+refusing our certificate, user or role too), 1 runtime failure. Each command module
+registers its subcommands; the heavy dependencies (the server's, the sandbox's) are
+imported when a command runs, so `canal-ha consume` works
 with the base install. A command whose extra is not installed exits 2 with the pip
 command that installs it.
 """
