@@ -217,6 +217,21 @@ def test_connector_fails_at_connect_naming_the_setting(secure_etcd: SecureEtcd) 
     assert not isinstance(exc, RetryExhausted)
 
 
+def test_spark_connector_fails_at_connect_naming_its_option(secure_etcd: SecureEtcd) -> None:
+    from canal_client.spark import CanalOptions, make_connector
+
+    pki = secure_etcd.pki
+    options = CanalOptions.parse({
+        "etcd": ",".join(secure_etcd.endpoints), "etcdPrefix": PREFIX, "destination": "example",
+        "clientId": "s1", "etcdCaFile": str(pki.ca), "etcdCertFile": str(pki.client.cert),
+        "etcdKeyFile": str(pki.client.key), "etcdUser": "canal", "etcdPassword": "not-it",
+    })  # fmt: skip
+    conn = make_connector(options)
+    exc = _refusal(conn.connect)
+    conn.disconnect()
+    assert isinstance(exc, CoordinatorAccessDenied) and exc.key == "etcdPassword", repr(exc)
+
+
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
     return subprocess.run(

@@ -185,6 +185,8 @@ def test_node_over_tls_reads_serves_and_never_shows_a_secret(
             "CREATE TABLE sec.t (id INT PRIMARY KEY, v VARCHAR(20))",
             "INSERT INTO sec.t VALUES (1, 'first'), (2, 'second')",
         )
+        # first (it does not ack): once every client acked them, the store lets rows go
+        assert _rows_through_the_spark_connector(sb, tmp_path) == 2
         client_env = {"CANAL_ETCD_PASSWORD": s.etcd_client, "CANAL_TOKEN": s.token}
         consumed = _cli(
             ["consume", *_client_args(sb), "--destination", DEST, "--client-id", "c1",
@@ -215,6 +217,36 @@ def test_node_over_tls_reads_serves_and_never_shows_a_secret(
                 assert secret not in text, f"a secret shows in {where}"
     finally:
         node.stop()
+
+
+def _rows_through_the_spark_connector(sb: SecureBox, tmp_path: Path) -> int:
+    """The Spark source's connector, built from its options (files for both secrets):
+    the rows of sec.t it reads through the secured etcd (its driver side, no JVM)."""
+    from canal_client.spark import CanalOptions, make_connector
+
+    pki, s = sb.pki, sb.secrets
+    (tmp_path / "spark_etcd_pw").write_text(s.etcd_client + "\n")
+    (tmp_path / "spark_token").write_text(s.token + "\n")
+    options = CanalOptions.parse({
+        "etcd": ",".join(sb.box.etcd_endpoints), "etcdPrefix": PREFIX,
+        "destination": DEST, "clientId": "spark1", "etcdCaFile": str(pki.ca),
+        "etcdCertFile": str(pki.client.cert), "etcdKeyFile": str(pki.client.key),
+        "etcdUser": "canal-client", "etcdPasswordFile": str(tmp_path / "spark_etcd_pw"),
+        "tokenFile": str(tmp_path / "spark_token"),
+    })  # fmt: skip
+    conn = make_connector(options)
+    rows = 0
+    try:
+        conn.connect()
+        conn.subscribe("sec\\..*", start="earliest")
+        deadline = 10
+        while rows < 2 and deadline:
+            batch = conn.get_without_ack(100, 2.0)
+            rows += sum(len(getattr(e, "rows", ())) for e in batch.entries)
+            deadline -= 1
+    finally:
+        conn.disconnect()
+    return rows
 
 
 def _server_start(
