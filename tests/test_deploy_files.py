@@ -1,5 +1,10 @@
 """docker/: the compose file validates, its node configs are valid canal-ha configs, and
-the image builds the C row decoder (and refuses to build without it)."""
+the image builds the C row decoder (and refuses to build without it).
+
+The deployment is secured: etcd over TLS with client certificates and users, every
+secret from a file under /run/secrets. ``docker/make-secrets.sh`` is run here (openssl)
+and ``docker/etcd_auth.py`` against a real etcd started with those certificates, so the
+node configs are checked with the very files and roles the deployment would have."""
 
 from __future__ import annotations
 
@@ -8,11 +13,15 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from canal_server.config import load_config
+from canal_cluster.etcd_coordinator import EtcdCoordinator
+from canal_ha.sandbox import EtcdCluster, ServerTls
+from canal_protocol.errors import CoordinatorAccessDenied
+from canal_server.config import NodeConfig, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKER = REPO / "docker"
@@ -35,12 +44,27 @@ def compose_config() -> str:
 def test_compose_file_validates_with_every_service() -> None:
     out = compose_config()
     for service in (
-        "etcd1", "etcd2", "etcd3", "mariadb-primary", "mariadb-standby",
+        "etcd1", "etcd2", "etcd3", "etcd-auth", "mariadb-primary", "mariadb-standby",
         "canal-node1", "canal-node2", "canal-node3", "spark-job",
     ):  # fmt: skip
         assert f"  {service}:" in out, service
     assert out.count("healthcheck:") >= 8
     assert "--binlog-row-metadata=FULL" in out
+
+
+def test_compose_uses_tls_to_etcd_and_secrets_from_files() -> None:
+    out = compose_config()
+    assert "http://etcd" not in out, "every etcd URL (clients and peers) is https"
+    assert out.count("https://etcd1:2379") >= 3  # members, etcd-auth, the Spark job
+    assert out.count("--client-cert-auth") == 3 and out.count("--peer-client-cert-auth") == 3
+    assert "service_completed_successfully" in out  # nodes start once etcd's auth is on
+    assert "MARIADB_ROOT_PASSWORD_FILE: /run/secrets/mariadb_root_password" in out
+    assert "etcdPasswordFile=/run/secrets/etcd_spark_password" in out
+    assert "tokenFile=/run/secrets/rest_token" in out
+    for needle in ("PASSWORD:", "password=", "root-secret", "canal-secret"):  # none inline
+        assert needle not in out, needle
+    assert not [line for line in out.splitlines() if "/secrets/" in line and ":ro" not in line
+                and "/run/secrets/" not in line]  # fmt: skip
 
 
 def test_compose_validation_catches_a_bad_key(tmp_path: Path) -> None:
@@ -53,11 +77,103 @@ def test_compose_validation_catches_a_bad_key(tmp_path: Path) -> None:
     assert "not_a_key" in res.stderr
 
 
+@pytest.fixture(scope="module")
+def compose_secrets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What ``docker/make-secrets.sh`` makes (run twice: the second run keeps the files)."""
+    out = tmp_path_factory.mktemp("compose") / "secrets"
+    for _ in range(2):
+        res = subprocess.run(["sh", str(DOCKER / "make-secrets.sh"), str(out)],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+    return out
+
+
+def _node_config(name: str, secrets: Path, tmp_path: Path) -> NodeConfig:
+    """docker/config/NAME.toml with /run/secrets/ where the test made them."""
+    text = (DOCKER / "config" / f"{name}.toml").read_text()
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text.replace("/run/secrets/", f"{secrets}/"))
+    return load_config(path)
+
+
 @pytest.mark.parametrize("name", ["node1", "node2", "node3"])
-def test_node_configs_load(name: str) -> None:
-    config = load_config(DOCKER / "config" / f"{name}.toml")
+def test_node_configs_load(name: str, compose_secrets: Path, tmp_path: Path) -> None:
+    config = _node_config(name, compose_secrets, tmp_path)
     assert config.node.id == name
-    assert "example" in config.destinations
+    dest = config.destinations["example"]
+    assert (
+        dest.db.password.get_secret_value() == (compose_secrets / "canal_db_password").read_text()
+    )
+    assert config.auth.tokens == [(compose_secrets / "rest_token").read_text()]
+    security = config.etcd.security()
+    assert security.username == "canal-node" and security.ca_file.startswith(str(compose_secrets))
+    assert all(e.startswith("https://") for e in config.etcd.endpoints)
+
+
+def test_mariadb_init_scripts_read_the_secret_files(compose_secrets: Path, tmp_path: Path) -> None:
+    """Sourced by the mariadb image's entrypoint: the SQL they hand to
+    ``docker_process_sql`` carries the passwords of the files and the documented grants."""
+    sql = tmp_path / "sql"
+    for script in ("10-users.sh", "20-standby.sh"):
+        capture = f'docker_process_sql() {{ cat >> "{sql}"; }}'
+        res = subprocess.run(
+            ["sh", "-c", f'{capture}; . "{DOCKER}/mariadb/{script}"'],
+            capture_output=True, text=True, timeout=60,
+            env={"PATH": os.environ["PATH"], "SECRETS_DIR": str(compose_secrets)},
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+    text = sql.read_text()
+    canal_pw = (compose_secrets / "canal_db_password").read_text()
+    repl_pw = (compose_secrets / "repl_password").read_text()
+    assert f"CREATE USER IF NOT EXISTS 'canal'@'%' IDENTIFIED BY '{canal_pw}';" in text
+    assert "GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO 'canal'@'%';" in text
+    assert text.count(f"'{repl_pw}'") == 2  # the repl user, the standby's CHANGE MASTER
+
+
+def test_etcd_auth_gives_the_nodes_and_spark_their_roles(
+    compose_secrets: Path, tmp_path: Path
+) -> None:
+    """A real etcd with the deployment's certificates and --client-cert-auth; the
+    etcd-auth service's script (twice: it may run again); then the node config's user
+    reads and writes under /canal, Spark's only reads, and a certificate whose CN names
+    no etcd user (etcd's own) gets nothing."""
+    s = compose_secrets
+    tls = ServerTls(s / "ca.crt", s / "etcd-server.crt", s / "etcd-server.key",
+                    s / "etcd-root.crt", s / "etcd-root.key", require_client_cert=True)  # fmt: skip
+    cluster = EtcdCluster(tmp_path / "etcd", 1, tls=tls)
+    try:
+        cluster.start()
+        for _ in range(2):
+            res = subprocess.run(
+                [sys.executable, str(DOCKER / "etcd_auth.py"), "--endpoint", cluster.endpoints[0],
+                 "--cacert", str(s / "ca.crt"), "--cert", str(s / "etcd-root.crt"),
+                 "--key", str(s / "etcd-root.key"), "--secrets", str(s)],
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert res.returncode == 0, res.stderr
+        config = _node_config("node1", s, tmp_path)
+        node_security = config.etcd.security()
+        node = EtcdCoordinator(cluster.endpoints, timeout_s=10.0, security=node_security)
+        spark = EtcdCoordinator(cluster.endpoints, timeout_s=10.0, security=replace(
+            node_security, cert_file=str(s / "spark.crt"), key_file=str(s / "spark.key"),
+            username="spark", password=(s / "etcd_spark_password").read_text(),
+        ))  # fmt: skip
+        no_user = replace(node_security, username="", password="",
+                          cert_file=str(s / "etcd-server.crt"),
+                          key_file=str(s / "etcd-server.key"))  # fmt: skip
+        anonymous = EtcdCoordinator(cluster.endpoints, timeout_s=10.0, security=no_user)
+        try:
+            node.check_access("/canal")
+            spark.check_access("/canal", write=False)
+            with pytest.raises(CoordinatorAccessDenied, match=r"^etcd\.username: "):
+                spark.check_access("/canal", write=True)
+            with pytest.raises(CoordinatorAccessDenied, match=r"^etcd\.username: "):
+                anonymous.check_access("/canal", write=False)
+        finally:
+            for coord in (node, spark, anonymous):
+                coord.close()
+    finally:
+        cluster.stop()
 
 
 # -- the image: the C row decoder is built and checked ------------------------------------

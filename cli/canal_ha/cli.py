@@ -1,8 +1,9 @@
 """The `canal-ha` command line: argument parsing and dispatch, one function per command.
 
-Exit codes (docs/api.md): 0 success, 2 bad usage or config (one-line reason), 1 runtime
-failure. Each command module registers its subcommands; the heavy dependencies (the
-server's, the sandbox's) are imported when a command runs, so `canal-ha consume` works
+Exit codes (docs/api.md): 0 success, 2 bad usage or config (one-line reason; etcd
+refusing our certificate, user or role too), 1 runtime failure. Each command module
+registers its subcommands; the heavy dependencies (the server's, the sandbox's) are
+imported when a command runs, so `canal-ha consume` works
 with the base install. A command whose extra is not installed exits 2 with the pip
 command that installs it.
 """
@@ -17,7 +18,12 @@ from collections.abc import Callable, Sequence
 
 from canal_ha import consume, sandbox_cli, server_cli, snapshot_cli
 from canal_ha.args import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
-from canal_protocol.errors import CanalError, ConfigError, SandboxStateError
+from canal_protocol.errors import (
+    CanalError,
+    ConfigError,
+    CoordinatorAccessDenied,
+    SandboxStateError,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -59,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return _dispatch(args)
-    except (ConfigError, SandboxStateError) as exc:
+    except (ConfigError, SandboxStateError, CoordinatorAccessDenied) as exc:
         print(f"canal-ha {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except CanalError as exc:

@@ -13,6 +13,11 @@ server not reachable, no leader elected) ends it with exit 1 naming what was mis
 an unknown destination fails at once. Once a leader was reached it retries through
 failovers, but ``--idle-exit`` still ends it: with exit 1 when the time ran out while
 no leader answered (a consumer that never saw the database idle does not claim it).
+
+A secured etcd (both commands): ``https://`` endpoints with ``--etcd-cacert``,
+``--etcd-cert``/``--etcd-key`` and ``--etcd-user`` (the password from
+``$CANAL_ETCD_PASSWORD`` or ``--etcd-password-file``, never on the command line); etcd
+refusing them ends the command at once with exit 1 naming the option.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
@@ -45,9 +51,18 @@ from canal_ha.args import positive_int
 from canal_protocol import Batch, Column, Entry, EntryType, EventType
 from canal_protocol.errors import ConfigError, RetryExhausted
 
-__all__ = ["consume", "format_entry", "register", "status"]
+__all__ = ["consume", "etcd_security", "format_entry", "register", "status"]
 
 TOKEN_ENV = "CANAL_TOKEN"
+ETCD_PASSWORD_ENV = "CANAL_ETCD_PASSWORD"
+_ETCD_LABELS = {
+    "endpoints": "--etcd",
+    "ca_file": "--etcd-cacert",
+    "cert_file": "--etcd-cert",
+    "key_file": "--etcd-key",
+    "username": "--etcd-user",
+    "password": f"${ETCD_PASSWORD_ENV} / --etcd-password-file",
+}
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
 
 
@@ -62,8 +77,8 @@ def _urls(option: str, etcd: bool) -> Any:
                 normalize_url(full, option)
             except ConfigError as exc:
                 raise argparse.ArgumentTypeError(exc.reason) from None
-            if etcd and not full.startswith("http://"):
-                raise argparse.ArgumentTypeError(f"expected http://host:port, got {url!r}")
+            if etcd and not full.startswith(("http://", "https://")):
+                raise argparse.ArgumentTypeError(f"expected http(s)://host:port, got {url!r}")
         return urls
 
     return parse
@@ -77,6 +92,12 @@ def _source_options(p: argparse.ArgumentParser) -> None:
                      help="server URL(s), comma separated")  # fmt: skip
     p.add_argument("--prefix", default=DEFAULT_PREFIX, help="etcd key prefix")
     p.add_argument("--token", default=None, help=f"bearer token (default: ${TOKEN_ENV})")
+    p.add_argument("--etcd-cacert", default="", help="CA of etcd's certificate (https://)")
+    p.add_argument("--etcd-cert", default="", help="TLS client certificate for etcd")
+    p.add_argument("--etcd-key", default="", help="its key")
+    p.add_argument("--etcd-user", default="", help="etcd user (password: "
+                   f"${ETCD_PASSWORD_ENV} or --etcd-password-file)")  # fmt: skip
+    p.add_argument("--etcd-password-file", default="", help="file holding the etcd password")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -137,6 +158,24 @@ def _connect_bound(args: argparse.Namespace) -> tuple[float, str]:
     return args.connect_timeout, "--connect-timeout"
 
 
+def etcd_security(args: argparse.Namespace) -> Any:
+    """The ``EtcdSecurity`` of the ``--etcd-*`` options (None when none is given)."""
+    password = os.environ.get(ETCD_PASSWORD_ENV, "")
+    if args.etcd_password_file:
+        try:
+            password = Path(args.etcd_password_file).read_text().removesuffix("\n")
+        except OSError as exc:
+            raise ConfigError("--etcd-password-file", f"cannot read it: {exc.strerror}") from None
+    if not (args.etcd_cacert or args.etcd_cert or args.etcd_key or args.etcd_user):
+        return None
+    from canal_cluster.etcd_security import EtcdSecurity
+
+    return EtcdSecurity(
+        args.etcd_cacert, args.etcd_cert, args.etcd_key, args.etcd_user,
+        password if args.etcd_user else "", labels=_ETCD_LABELS,
+    )  # fmt: skip
+
+
 def _connector(args: argparse.Namespace) -> Connector:
     token = args.token or os.environ.get(TOKEN_ENV) or None
     common: dict[str, Any] = {
@@ -146,7 +185,8 @@ def _connector(args: argparse.Namespace) -> Connector:
         return ClusterConnector(
             args.destination, args.client_id, etcd=args.etcd, prefix=args.prefix,
             exclusive=not args.no_exclusive, election=_election(args),
-            etcd_timeout_s=min(2.0, args.client_ttl / 5), **common,
+            etcd_timeout_s=min(2.0, args.client_ttl / 5), etcd_security=etcd_security(args),
+            **common,
         )  # fmt: skip
     if len(args.server) == 1:
         return SimpleConnector(args.server[0], args.destination, args.client_id, **common)
@@ -298,7 +338,7 @@ def status(args: argparse.Namespace) -> int:
         if args.etcd:
             from canal_cluster.etcd_coordinator import EtcdCoordinator
 
-            coord = EtcdCoordinator(args.etcd, timeout_s=2.0)
+            coord = EtcdCoordinator(args.etcd, timeout_s=2.0, security=etcd_security(args))
             try:
                 data = status_from_etcd(coord, Keys(args.prefix), fetch_health(channel))
             finally:

@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def server(args: argparse.Namespace) -> int:
     from canal_server.config import load_config
+    from canal_server.secrets import install_log_redaction
     from canal_server.serve import run_node
 
     config = load_config(args.config)  # ConfigError → exit 2 naming the key
@@ -30,4 +31,5 @@ def server(args: argparse.Namespace) -> int:
     root = logging.getLogger()
     if root.level > logging.INFO:
         root.setLevel(logging.INFO)
+    install_log_redaction(root)  # a last guard: no secret of the config in the log
     return run_node(config)

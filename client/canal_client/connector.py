@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
@@ -66,6 +66,9 @@ from canal_protocol.errors import (
     UnknownBatch,
     UnknownDestination,
 )
+
+if TYPE_CHECKING:
+    from canal_cluster.etcd_security import EtcdSecurity
 
 __all__ = ["DEFAULT_RETRY", "ClusterConnector", "Connector", "SimpleConnector"]
 
@@ -195,6 +198,7 @@ class Connector:
             if self._gate is None:
                 self._call("connect", lambda session: None)
                 return
+            self._gate.check_access()
             if self._connect_deadline is not None:
                 self._await_leader(self._connect_deadline)
             with self._lock:
@@ -687,6 +691,8 @@ class ClusterConnector(Connector):
     client id; ``election`` tunes it). ``coordinator`` injects a ready Coordinator
     (tests); otherwise one ``EtcdCoordinator`` is made and closed on ``disconnect``, so
     such a connector cannot connect again after ``disconnect`` (make a new one).
+    ``etcd_security`` (``canal_cluster.etcd_security.EtcdSecurity``): TLS files and an
+    etcd user for ``https://`` endpoints; etcd refusing them fails ``connect`` at once.
     """
 
     def __init__(
@@ -703,12 +709,13 @@ class ClusterConnector(Connector):
         election: ElectionConfig | None = None,
         coordinator: Coordinator | None = None,
         etcd_timeout_s: float = 2.0,
+        etcd_security: EtcdSecurity | None = None,
         **options: Any,
     ) -> None:
         self._owned: Coordinator | None = None
         gate: ActiveGate | None = None
         if etcd or coordinator is not None:
-            coord = coordinator or self._make_coordinator(etcd or (), etcd_timeout_s)
+            coord = coordinator or self._make_coordinator(etcd or (), etcd_timeout_s, etcd_security)
             keys = Keys(prefix)
             where = f"etcd {','.join(etcd)}" if etcd else "etcd"
             resolver: LeaderResolver = EtcdResolver(coord, keys, destination, where)
@@ -724,10 +731,12 @@ class ClusterConnector(Connector):
             destination, client_id, resolver, token=token, retry=retry, gate=gate, **options
         )
 
-    def _make_coordinator(self, endpoints: Sequence[str], timeout_s: float) -> Coordinator:
+    def _make_coordinator(
+        self, endpoints: Sequence[str], timeout_s: float, security: EtcdSecurity | None
+    ) -> Coordinator:
         from canal_cluster.etcd_coordinator import EtcdCoordinator
 
-        self._owned = EtcdCoordinator(list(endpoints), timeout_s=timeout_s)
+        self._owned = EtcdCoordinator(list(endpoints), timeout_s=timeout_s, security=security)
         return self._owned
 
     def disconnect(self) -> None:

@@ -18,6 +18,7 @@ import socket
 import threading
 import uuid
 
+from canal_client.resolver import refuse_if_denied
 from canal_cluster.coordinator import Coordinator
 from canal_cluster.keys import Keys
 from canal_cluster.running import ElectionConfig, RunningMonitor, client_running_monitor
@@ -48,6 +49,8 @@ class ActiveGate:
         self.destination = destination
         self.client_id = client_id
         self.node = node or consumer_node_name()
+        self._coord = coordinator
+        self._client_prefix = keys.client_prefix(destination, client_id).rstrip("/")
         self._cond = threading.Condition()
         self._active_epoch: int | None = None
         self._generation = 0
@@ -63,6 +66,11 @@ class ActiveGate:
         )
         self._started = False
         self._stopping = False
+
+    def check_access(self) -> None:
+        """``CoordinatorAccessDenied`` at once when etcd refuses our writes to the client
+        running key (before any wait for a leader)."""
+        refuse_if_denied(self._coord, self._client_prefix, write=True)
 
     def start(self) -> None:
         if not self._started:

@@ -12,7 +12,8 @@
 ``no_leader()`` says why ``current()`` is None, for a connector that has never reached
 a leader yet: etcd not reachable, no node registered under the prefix, no leader elected
 yet (all ``LeaderUnavailable``: worth waiting), or no registered node configures the
-destination (``UnknownDestination``: final).
+destination (``UnknownDestination``: final). etcd refusing our TLS certificate, user or
+role (``CoordinatorAccessDenied``) is final too: ``reload`` raises it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from canal_cluster.running import RunningInfo, read_running
 from canal_protocol.errors import (
     ClientError,
     ConfigError,
+    CoordinatorAccessDenied,
     CoordinatorUnavailable,
     LeaderUnavailable,
     UnknownDestination,
@@ -42,6 +44,7 @@ __all__ = [
     "StaticResolver",
     "check_port",
     "normalize_url",
+    "refuse_if_denied",
 ]
 
 log = logging.getLogger("canal_client")
@@ -66,6 +69,17 @@ def check_port(netloc: str, url: str, option: str) -> None:
         raise ConfigError(option, f"bad port {raw!r} in {url!r}")
     if raw and not 0 < int(raw) < 65536:
         raise ConfigError(option, f"port {int(raw)} out of range 1-65535 in {url!r}")
+
+
+def refuse_if_denied(coord: Coordinator, prefix: str, write: bool) -> None:
+    """``CoordinatorAccessDenied`` at once when etcd refuses our TLS, user or role under
+    ``prefix``; etcd not answering is left to the caller's bounded waits."""
+    try:
+        coord.check_access(prefix, write=write)
+    except CoordinatorAccessDenied:
+        raise
+    except CoordinatorUnavailable as exc:
+        log.debug("access check on %s: %s", prefix, exc)
 
 
 @dataclass(frozen=True)
@@ -171,8 +185,13 @@ class EtcdResolver(LeaderResolver):
         with self._cond:
             self._closed = False
         if self._watch is None:
+            refuse_if_denied(self._coord, self._keys.prefix, write=False)
             self._watch = self._coord.watch(self.key, self._on_event)
-            self.reload()
+            try:
+                self.reload()
+            except CoordinatorAccessDenied:
+                self.close()
+                raise
 
     def close(self) -> None:
         if self._watch is not None:
@@ -186,6 +205,8 @@ class EtcdResolver(LeaderResolver):
         """Re-read the running key (after a failure, or a RESYNC)."""
         try:
             info = read_running(self._coord, self.key)
+        except CoordinatorAccessDenied:
+            raise  # no retry can fix it: the caller fails at once, naming the setting
         except CoordinatorUnavailable as exc:
             log.debug("%s: leader lookup failed: %s", self.destination, exc)
             self._lookup_error = str(exc)
@@ -200,6 +221,8 @@ class EtcdResolver(LeaderResolver):
         try:
             nodes = self._coord.get_prefix(self._keys.nodes_prefix()).items
             serving = self._coord.get_prefix(self._keys.destination_nodes_prefix(d)).items
+        except CoordinatorAccessDenied:
+            raise
         except CoordinatorUnavailable as exc:
             return LeaderUnavailable(f"{self.where} not reachable: {exc}")
         names = sorted(kv.key.rsplit("/", 1)[-1] for kv in nodes)

@@ -15,7 +15,10 @@ Rows: see ``canal_client.spark_rows`` (one row per changed row; ``before``/``aft
 ``maxBatchesPerTrigger`` (10), ``replayTimeoutS`` (120), ``rowsPerPartition`` (10000),
 ``exclusive`` (false: one active consumer per client id), ``availableNowStallS`` (120),
 ``startingOffsets`` (``earliest``; see README), ``connectorFactory`` (tests:
-``module:function`` building the connector).
+``module:function`` building the connector); a secured etcd (``https://`` endpoints):
+``etcdCaFile``, ``etcdCertFile``, ``etcdKeyFile``, ``etcdUser`` and ``etcdPassword`` or
+``etcdPasswordFile``; ``tokenFile`` instead of ``token`` (files read on the driver;
+Spark redacts option values whose name holds "password" or "token" in its UI and plans).
 
 How batches become micro-batches, exactly once with a checkpointed sink:
 
@@ -77,6 +80,7 @@ import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -159,6 +163,11 @@ class CanalOptions:
     connector_factory: str = ""
     available_now_stall_s: float = 120.0
     starting_offsets: str = "earliest"
+    etcd_ca_file: str = ""
+    etcd_cert_file: str = ""
+    etcd_key_file: str = ""
+    etcd_user: str = ""
+    etcd_password: str = field(default="", repr=False)
 
     @classmethod
     def parse(cls, opts: Mapping[str, str]) -> CanalOptions:
@@ -182,7 +191,7 @@ class CanalOptions:
             servers=servers,
             batch_size=_int(opts, "batchSize", 1000, 1, 65_536),  # the server's limit
             filter=str(opts.get("filter", "")),
-            token=opts.get("token") or None,
+            token=_secret_option(opts, "token", "tokenFile") or None,
             etcd_prefix=str(opts.get("etcdPrefix", "/canal")),
             poll_timeout_s=_int(opts, "pollTimeoutMs", 1000, 0, 600_000) / 1000,
             max_batches_per_trigger=_int(opts, "maxBatchesPerTrigger", 10, 1, 100_000),
@@ -192,7 +201,47 @@ class CanalOptions:
             connector_factory=factory,
             available_now_stall_s=float(_int(opts, "availableNowStallS", 120, 1, 86_400)),
             starting_offsets=starting,
+            etcd_ca_file=str(opts.get("etcdCaFile", "")),
+            etcd_cert_file=str(opts.get("etcdCertFile", "")),
+            etcd_key_file=str(opts.get("etcdKeyFile", "")),
+            etcd_user=str(opts.get("etcdUser", "")),
+            etcd_password=_secret_option(opts, "etcdPassword", "etcdPasswordFile"),
         )
+
+    def etcd_security(self) -> Any:
+        """The ``EtcdSecurity`` of the ``etcd*`` options (None when none is given)."""
+        if not (self.etcd_ca_file or self.etcd_cert_file or self.etcd_user):
+            return None
+        from canal_cluster.etcd_security import EtcdSecurity
+
+        return EtcdSecurity(
+            self.etcd_ca_file, self.etcd_cert_file, self.etcd_key_file, self.etcd_user,
+            self.etcd_password, labels=_ETCD_LABELS,
+        )  # fmt: skip
+
+
+_ETCD_LABELS = {
+    "endpoints": "etcd",
+    "ca_file": "etcdCaFile",
+    "cert_file": "etcdCertFile",
+    "key_file": "etcdKeyFile",
+    "username": "etcdUser",
+    "password": "etcdPassword",
+}
+
+
+def _secret_option(opts: Mapping[str, str], name: str, file_name: str) -> str:
+    """Option ``name``, or the content of the file ``file_name`` names (one trailing
+    newline off): a secret that stays out of the job's code and command line."""
+    path = str(opts.get(file_name, ""))
+    if path and opts.get(name):
+        raise ConfigError(file_name, f"give {name} or {file_name}, not both")
+    if not path:
+        return str(opts.get(name, ""))
+    try:
+        return Path(path).read_text().removesuffix("\n")
+    except OSError as exc:
+        raise ConfigError(file_name, f"cannot read {path!r}: {exc.strerror}") from None
 
 
 # -- the connector the reader needs (canal_client.connector's contract) ---------------------
@@ -238,6 +287,7 @@ def make_connector(options: CanalOptions) -> ConnectorLike:
         token=options.token,
         prefix=options.etcd_prefix,
         exclusive=options.exclusive,
+        etcd_security=options.etcd_security(),
     )
 
 

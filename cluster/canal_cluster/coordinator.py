@@ -185,6 +185,12 @@ class Coordinator(ABC):
         """Node registration: ``key`` lives as long as ``lease`` is kept alive."""
         return self.put(key, value, lease)
 
+    def check_access(self, prefix: str, write: bool = True) -> None:
+        """Raise ``CoordinatorAccessDenied`` when the store refuses us reads (and with
+        ``write``, writes) under ``prefix``; ``CoordinatorUnavailable`` when it does not
+        answer. Writes nothing. The default has nothing to check (no access control)."""
+        return None
+
     # -- watches --------------------------------------------------------------------
 
     @abstractmethod

@@ -12,6 +12,11 @@
   callbacks): each ``EtcdWatch`` owns one gRPC stream and a thread which re-opens
   it with backoff on another endpoint after a failure, resuming after the last
   revision delivered. After a compaction it sends ``RESYNC``.
+- Security (``etcd_security``): ``https://`` endpoints use TLS (CA, client
+  certificate); with a user name every call and watch carries an auth token, fetched
+  again when etcd no longer knows it (expired, etcd restarted). When etcd refuses us
+  (TLS handshake, user/password, the role's permissions) a call raises
+  ``CoordinatorAccessDenied`` naming the setting; ``check_access`` asks once at start.
 """
 
 from __future__ import annotations
@@ -45,6 +50,14 @@ from canal_cluster.coordinator import (
     WatchEvent,
     WatchEventType,
 )
+from canal_cluster.etcd_security import (
+    EtcdSecurity,
+    access_problem,
+    channel_credentials,
+    grpc_error_of,
+    invalid_token,
+    uses_tls,
+)
 from canal_cluster.retry import RetryPolicy
 from canal_protocol.errors import (
     ConfigError,
@@ -69,15 +82,15 @@ _ETCD_ERRORS = (grpc.RpcError, etcd_exc.Etcd3Exception)
 
 
 def parse_endpoint(url: str) -> tuple[str, int]:
-    """``http://127.0.0.1:2379`` or ``127.0.0.1:2379`` → (host, port)."""
+    """``http(s)://127.0.0.1:2379`` or ``127.0.0.1:2379`` → (host, port)."""
     parts = urlsplit(url if "//" in url else f"http://{url}")
     try:
         port = parts.port
     except ValueError:  # not a number, or outside 0-65535
         raw = parts.netloc.rpartition(":")[2]
         raise ConfigError("etcd.endpoints", f"port {raw} out of range 1-65535 in {url!r}") from None
-    if parts.scheme != "http" or not parts.hostname or port is None:
-        raise ConfigError("etcd.endpoints", f"expected http://host:port, got {url!r}")
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        raise ConfigError("etcd.endpoints", f"expected http(s)://host:port, got {url!r}")
     if port == 0:
         raise ConfigError("etcd.endpoints", f"port 0 out of range 1-65535 in {url!r}")
     return parts.hostname, port
@@ -91,8 +104,9 @@ def _kv(raw: Any) -> KeyValue:
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
-        return f"{exc.code().name}: {exc.details()}"
+    err = grpc_error_of(exc)
+    if err is not None:
+        return f"{err.code().name}: {err.details()}"
     return str(exc) or type(exc).__name__
 
 
@@ -108,15 +122,19 @@ class EtcdCoordinator(Coordinator):
         endpoints: Sequence[str],
         timeout_s: float = 2.0,
         endpoint_retry_s: float = 1.0,
+        security: EtcdSecurity | None = None,
     ) -> None:
         if not endpoints:
             raise ConfigError("etcd.endpoints", "at least one endpoint is needed")
         if timeout_s <= 0:
             raise ConfigError("etcd.timeout_s", "must be > 0")
         self._timeout_s = timeout_s
+        self._security = security or EtcdSecurity()
+        tls = uses_tls(endpoints, self._security)
+        creds = channel_credentials(self._security) if tls else None
         self._endpoints = [
             pyetcd.Endpoint(
-                host, port, secure=False, time_retry=endpoint_retry_s, opts=_GRPC_OPTIONS
+                host, port, secure=tls, creds=creds, time_retry=endpoint_retry_s, opts=_GRPC_OPTIONS
             )
             for host, port in map(parse_endpoint, endpoints)
         ]
@@ -125,6 +143,8 @@ class EtcdCoordinator(Coordinator):
         )
         self._watches: list[EtcdWatch] = []
         self._lock = threading.Lock()
+        self._auth_lock = threading.Lock()
+        self._auth_off = False  # a user is configured but etcd's auth is not enabled
         self._closed = False
 
     @property
@@ -136,6 +156,57 @@ class EtcdCoordinator(Coordinator):
         """The gRPC channel of each endpoint (for the watch threads)."""
         return [ep.channel for ep in self._endpoints]
 
+    @property
+    def security(self) -> EtcdSecurity:
+        return self._security
+
+    def check_access(self, prefix: str, write: bool = True) -> None:
+        """At start: ``CoordinatorAccessDenied`` (naming the setting) when etcd refuses the
+        TLS handshake, the user, or the role's read (and write) under ``prefix``;
+        ``CoordinatorUnavailable`` when no endpoint answers. Writes nothing: a transaction
+        whose condition never holds still has the permissions of both branches checked."""
+        probe = f"{prefix}/"
+        put = [transactions.Put(probe, b"")] if write else []
+        self._call(
+            f"{'read/write' if write else 'read'} access check on {probe}",
+            lambda: self._txn(
+                [transactions.Version(probe) < 0],
+                put,
+                [transactions.Get(probe, prefix_range_end(probe.encode()))],
+            ),
+        )
+
+    # -- auth tokens ------------------------------------------------------------------
+
+    def call_metadata(self) -> Any:
+        """The gRPC metadata of a call (the auth token), authenticating first if needed."""
+        if self._security.username and not self._auth_off and self._client.metadata is None:
+            self._authenticate(None)
+        return self._client.metadata
+
+    def reauthenticate(self, stale: Any) -> None:
+        """Fetch a new token unless another thread already replaced ``stale``."""
+        self._authenticate(stale)
+
+    def _authenticate(self, stale: Any) -> None:
+        c = self._client
+        with self._auth_lock:
+            if c.metadata is not None and c.metadata is not stale:
+                return
+            request = etcdrpc.AuthenticateRequest(
+                name=self._security.username, password=self._security.password
+            )
+            try:
+                resp = c.authstub.Authenticate(request, self._timeout_s)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # auth not enabled
+                    log.warning("etcd: a user is configured but etcd's auth is not enabled")
+                    self._auth_off = True
+                    c.metadata = None
+                    return
+                c._manage_grpc_errors(exc)  # marks the endpoint failed, re-raises mapped
+            c.metadata = (("token", resp.token),)
+
     # -- call wrapper ---------------------------------------------------------------
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
@@ -146,17 +217,34 @@ class EtcdCoordinator(Coordinator):
             return policy.call(lambda: self._attempt(what, fn), what, retry_on=(_TryNext,))
         except RetryExhausted as exc:
             cause = exc.last_error.__cause__ if exc.last_error else None
+            denied = access_problem(cause, self._security, what)
+            if denied is not None:
+                raise denied from cause
             raise CoordinatorUnavailable(
                 f"etcd {what}: no endpoint answered ({_describe(cause or exc)})"
             ) from cause
 
+    def _with_token(self, fn: Callable[[], T]) -> T:
+        """``fn`` with our auth token; once more with a new one if etcd forgot it."""
+        token = self.call_metadata()
+        try:
+            return fn()
+        except grpc.RpcError as exc:
+            if token is None or not invalid_token(exc):
+                raise
+        self.reauthenticate(token)
+        return fn()
+
     def _attempt(self, what: str, fn: Callable[[], T]) -> T:
         start = time.monotonic()
         try:
-            return fn()
+            return self._with_token(fn)
         except _ETCD_ERRORS as exc:
             if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.NOT_FOUND:
                 raise Fenced(f"etcd {what}: {_describe(exc)}") from exc
+            denied = access_problem(exc, self._security, what)
+            if denied is not None and isinstance(exc, grpc.RpcError):  # not a TLS failure:
+                raise denied from exc  # every member would answer the same
             quick = time.monotonic() - start < self._timeout_s / 2
             if quick and not isinstance(exc, etcd_exc.NoServerAvailableError):
                 raise _TryNext(what) from exc
@@ -339,6 +427,7 @@ class EtcdWatch(Watch):
     def _run(self) -> None:
         index = 0
         delays = _backoff()
+        warned = False
         while not self._stop.is_set():
             channels = self._owner.endpoint_channels
             try:
@@ -346,10 +435,16 @@ class EtcdWatch(Watch):
                 error = "stream ended"
             except Exception as exc:  # any stream failure: back off, try the next endpoint
                 error = _describe(exc)
+                if isinstance(exc, _Canceled) and "auth token" in error:
+                    with contextlib.suppress(*_ETCD_ERRORS):
+                        self._owner.reauthenticate(exc.metadata)
             if self.established.is_set():  # a working watch was lost: backoff afresh
                 delays = _backoff()
                 if not self._stop.is_set():
                     log.warning("watch %s lost (%s); re-establishing", self._key, error)
+            elif "permission denied" in error and not warned:
+                warned = True
+                log.warning("watch %s: etcd denies it (%s); retrying", self._key, error)
             else:
                 log.debug("watch %s: not established (%s)", self._key, error)
             self.established.clear()
@@ -364,16 +459,19 @@ class EtcdWatch(Watch):
             create.range_end = prefix_range_end(self._key.encode())
         if self._next_rev is not None:
             create.start_revision = self._next_rev
+        metadata = self._owner.call_metadata()
         with self._lock:
             if self._stop.is_set():
                 return
             self._stream_done = done
             self._call = etcdrpc.WatchStub(channel).Watch(
-                _requests(etcdrpc.WatchRequest(create_request=create), done)
+                _requests(etcdrpc.WatchRequest(create_request=create), done), metadata=metadata
             )
             call = self._call
         try:
             for rs in call:
+                if rs.canceled and rs.cancel_reason:
+                    raise _Canceled(rs.cancel_reason, metadata)
                 if not self._handle(rs):
                     return
         except grpc.RpcError:
@@ -414,6 +512,14 @@ class EtcdWatch(Watch):
             self._callback(event)
         except Exception:
             log.exception("watch %s: callback failed on %s", self._key, event)
+
+
+class _Canceled(Exception):
+    """etcd canceled the watch (permission denied, invalid auth token)."""
+
+    def __init__(self, reason: str, metadata: Any) -> None:
+        super().__init__(reason)
+        self.metadata = metadata
 
 
 def _backoff() -> Iterator[float]:

@@ -29,6 +29,7 @@
     │   └── Unauthorized            no or bad bearer token (401)
     ├── CoordinationError           etcd and elections
     │   ├── CoordinatorUnavailable  etcd cannot be reached right now
+    │   │   └── CoordinatorAccessDenied  etcd refuses us: TLS, user/password or role (names the key)
     │   └── Fenced                  our epoch is stale or our lease lapsed: step down
     └── ClientError                 (canal_client) a call to the servers could not complete
         ├── ServerUnreachable       connection refused/reset, timeout (transport)
@@ -52,6 +53,7 @@ __all__ = [
     "ClientError",
     "ConfigError",
     "CoordinationError",
+    "CoordinatorAccessDenied",
     "CoordinatorUnavailable",
     "Fenced",
     "InvalidArgument",
@@ -203,6 +205,19 @@ class CoordinationError(CanalError):
 
 class CoordinatorUnavailable(CoordinationError):
     """etcd cannot be reached right now."""
+
+
+class CoordinatorAccessDenied(CoordinatorUnavailable):
+    """etcd answered but refuses us: the TLS handshake (certificate, CA, host name), the
+    user name or password, or the role's permissions; ``key`` names the setting to fix.
+
+    A start-up check raises it at once (no retry can fix it); loops that run later
+    treat it like an outage (a leader fences itself), so it subclasses that."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}")
+        self.key = key
+        self.reason = reason
 
 
 class Fenced(CoordinationError):

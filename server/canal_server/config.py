@@ -8,9 +8,14 @@ Layout (keys follow Canal's instance.properties where one exists)::
     advertise_url = "http://127.0.0.1:11111"  # what other nodes redirect to (default: from listen)
 
     [etcd]
-    endpoints = ["http://127.0.0.1:2379"]
+    endpoints = ["http://127.0.0.1:2379"]  # https:// = TLS
     prefix = "/canal"
     timeout_s = 2.0                       # one etcd call
+    ca_file = ""                          # TLS: the CA of etcd's certificate (default: system)
+    cert_file = ""                        # TLS client certificate (etcd --client-cert-auth)
+    key_file = ""
+    username = ""                         # etcd user (auth enabled)
+    password = ""                         # a secret (below)
 
     [election]
     ttl_s = 10.0                          # leader lease
@@ -36,7 +41,12 @@ Layout (keys follow Canal's instance.properties where one exists)::
     master.gtid = ""
     standby.address = "127.0.0.1:3307"    # optional [standby] with the same keys
     db.username = "canal"                 # Canal's dbUsername / dbPassword
-    db.password = "canal"
+    db.password = "canal"                 # a secret (below)
+    db.tls.enabled = false                # require TLS, verify the server's certificate
+    db.tls.ca_file = ""                   #   its CA (default: the system's CAs)
+    db.tls.verify_identity = true         #   the certificate must name master/standby host
+    db.tls.cert_file = ""                 #   optional client certificate and key
+    db.tls.key_file = ""
     slave_id = 0                          # 0 = derived from the destination name
     gtid_mode = false
     filter.regex = ".*\\\\..*"
@@ -60,6 +70,9 @@ Layout (keys follow Canal's instance.properties where one exists)::
     snapshot.mode = "never"               # "initial": snapshot when the destination is new
     snapshot.chunk_rows = 10000
 
+Secrets (``etcd.password``, ``db.password``, each of ``auth.tokens``) are a string or
+``{ env = "NAME" }`` or ``{ file = "/run/secrets/x" }`` (``canal_server.secrets``).
+
 ``load_config(path)`` raises ``ConfigError(key, reason)``; ``render_toml(data)`` writes
 such a file from a dict (test harnesses, ``canal-ha up``).
 """
@@ -67,18 +80,29 @@ such a file from a dict (test harnesses, ``canal-ha up``).
 from __future__ import annotations
 
 import re
+import ssl
 import tomllib
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from canal_cluster.etcd_security import EtcdSecurity
 from canal_cluster.keys import Keys, validate_id
 from canal_cluster.running import ElectionConfig
 from canal_protocol.errors import ConfigError, InvalidArgument
 from canal_server.filter import EventFilter
+from canal_server.secrets import Secret, SecretText
 
 __all__ = [
     "DestinationConfig",
@@ -104,6 +128,12 @@ def _host_port(value: str) -> str:
 def _port_in_range(port: int, value: str) -> None:
     if not 0 < port < 65536:
         raise ValueError(f"port {port} out of range 1-65535 in {value!r}")
+
+
+def _existing_file(path: str) -> str:
+    if path and not Path(path).is_file():
+        raise ValueError(f"no such file {path!r}")
+    return path
 
 
 def _check_id(value: str) -> str:
@@ -141,6 +171,32 @@ class EtcdSection(_Section):
     endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:2379"], min_length=1)
     prefix: str = "/canal"
     timeout_s: float = Field(default=2.0, gt=0, le=60)
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    username: str = ""
+    password: Secret = SecretStr("")
+
+    _files = field_validator("ca_file", "cert_file", "key_file")(_existing_file)
+
+    @model_validator(mode="after")
+    def _security(self) -> EtcdSection:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file must be set together")
+        if bool(self.username) != bool(self.password.get_secret_value()):
+            raise ValueError("username and password must be set together")
+        if (self.ca_file or self.cert_file) and not all(
+            e.startswith("https://") for e in self.endpoints
+        ):
+            raise ValueError("ca_file/cert_file are set: the endpoints must be https://")
+        return self
+
+    def security(self) -> EtcdSecurity:
+        """What the coordinator needs (``etcd_security``); the password given out here."""
+        return EtcdSecurity(
+            self.ca_file, self.cert_file, self.key_file,
+            self.username, self.password.get_secret_value(),
+        )  # fmt: skip
 
     @field_validator("endpoints")
     @classmethod
@@ -176,7 +232,7 @@ class MetaSection(_Section):
 
 
 class AuthSection(_Section):
-    tokens: list[str] = Field(default_factory=list)
+    tokens: list[SecretText] = Field(default_factory=list, repr=False)
 
     @field_validator("tokens")
     @classmethod
@@ -217,9 +273,48 @@ class SourceSection(_Section):
     _address = field_validator("address")(_host_port)
 
 
+class DbTlsSection(_Section):
+    """``db.tls.*``: TLS to the database, for the binlog dump and every query."""
+
+    enabled: bool = False
+    ca_file: str = ""
+    verify_identity: bool = True
+    cert_file: str = ""
+    key_file: str = ""
+
+    _files = field_validator("ca_file", "cert_file", "key_file")(_existing_file)
+
+    @model_validator(mode="after")
+    def _pairs(self) -> DbTlsSection:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file must be set together")
+        if not self.enabled and (self.ca_file or self.cert_file):
+            raise ValueError("files are set but enabled = false: set enabled = true")
+        if self.enabled:
+            try:
+                ctx = ssl.create_default_context(cafile=self.ca_file or None)
+                if self.cert_file:
+                    ctx.load_cert_chain(self.cert_file, self.key_file)
+            except (ssl.SSLError, OSError) as exc:
+                raise ValueError(f"the CA, certificate or key is no usable PEM: {exc}") from None
+        return self
+
+    def dsn_part(self) -> dict[str, Any] | None:
+        """The DSN's ``tls`` entry (``binlog_stream`` makes the SSL context), or None."""
+        if not self.enabled:
+            return None
+        return {
+            "ca": self.ca_file or None,
+            "cert": self.cert_file or None,
+            "key": self.key_file or None,
+            "verify_identity": self.verify_identity,
+        }
+
+
 class DbSection(_Section):
     username: str = "canal"
-    password: str = ""
+    password: Secret = SecretStr("")
+    tls: DbTlsSection = DbTlsSection()
 
 
 class FilterSection(_Section):
@@ -358,14 +453,18 @@ class NodeConfig(_Section):
 
 
 def dsn_of(dest: DestinationConfig, source: SourceSection) -> dict[str, Any]:
-    """A DSN dict (host, port, user, password) for the reader and the finder."""
+    """A DSN dict (host, port, user, password, tls) for the reader, finder and probes."""
     host, port = source.address.rsplit(":", 1)
-    return {
+    dsn: dict[str, Any] = {
         "host": host,
         "port": int(port),
         "user": dest.db.username,
-        "password": dest.db.password,
+        "password": dest.db.password.get_secret_value(),
     }
+    tls = dest.db.tls.dsn_part()
+    if tls is not None:
+        dsn["tls"] = tls
+    return dsn
 
 
 def _key_of(loc: tuple[int | str, ...]) -> str:
@@ -412,6 +511,8 @@ def _toml_value(v: Any) -> str:
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, Mapping):  # an inline table, e.g. a secret's { env = "NAME" }
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 

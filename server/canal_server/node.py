@@ -85,8 +85,9 @@ class Node:
         self.url = config.advertise_url
         self.keys = Keys(config.etcd.prefix)
         self.coord = coordinator or EtcdCoordinator(
-            config.etcd.endpoints, timeout_s=config.etcd.timeout_s
-        )
+            config.etcd.endpoints, timeout_s=config.etcd.timeout_s,
+            security=config.etcd.security(),
+        )  # fmt: skip
         self.metrics = NodeMetrics()
         self.instances: dict[str, Instance] = {}
         self.monitors: dict[str, RunningMonitor] = {}

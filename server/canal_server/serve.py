@@ -1,5 +1,8 @@
 """Run a node: uvicorn serving the API of a ``Node``, with a clean stop on signals.
 
+Before serving, ``access.check_at_start``: etcd and the databases must let the node in
+with what it needs (a refusal ends the start naming the key; see ``canal_server.access``).
+
 SIGTERM / SIGINT: stop serving and parsing at once, let uvicorn finish the requests
 in flight (a few seconds at most), then release every destination (final meta
 flush while the epoch still holds), revoke the node lease and exit 0.
@@ -15,6 +18,7 @@ from types import FrameType
 
 import uvicorn
 
+from canal_server.access import check_at_start
 from canal_server.api import create_app
 from canal_server.config import NodeConfig
 from canal_server.node import Node
@@ -54,6 +58,11 @@ class _NodeServer(uvicorn.Server):
 def run_node(config: NodeConfig) -> int:
     """Start the node, serve until a signal, stop cleanly; the exit code."""
     node = Node(config)
+    try:
+        check_at_start(config, node.coord)
+    except BaseException:
+        node.coord.close()
+        raise
     app = create_app(node)
     uv_config = uvicorn.Config(
         app,

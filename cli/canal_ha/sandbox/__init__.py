@@ -4,6 +4,7 @@ from canal_ha.sandbox.etcd import EtcdCluster, EtcdMember
 from canal_ha.sandbox.mariadb import MariaDBServer
 from canal_ha.sandbox.process import ManagedProcess, ProcessRecord
 from canal_ha.sandbox.sandbox import STATE_FILE, Sandbox
+from canal_ha.sandbox.tls import ServerTls
 
 __all__ = [
     "STATE_FILE",
@@ -13,4 +14,5 @@ __all__ = [
     "MariaDBServer",
     "ProcessRecord",
     "Sandbox",
+    "ServerTls",
 ]

@@ -1,4 +1,5 @@
-"""A private etcd cluster of 1 or 3 members on loopback ports."""
+"""A private etcd cluster of 1 or 3 members on loopback ports (``https://`` with
+``tls``: see ``canal_ha.sandbox.tls``; the peers talk plain HTTP on loopback)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox.ports import free_port
 from canal_ha.sandbox.process import ManagedProcess
+from canal_ha.sandbox.tls import ServerTls
 from canal_protocol.errors import RetryExhausted, SandboxStartError
 
 __all__ = ["EtcdCluster", "EtcdMember"]
@@ -30,6 +32,7 @@ class EtcdMember:
     peer_port: int
     metrics_port: int
     initial_cluster: str = ""
+    tls: ServerTls | None = None
     process: ManagedProcess = field(init=False)
 
     def __post_init__(self) -> None:
@@ -39,7 +42,8 @@ class EtcdMember:
 
     @property
     def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
@@ -65,12 +69,26 @@ class EtcdMember:
             "--election-timeout", "500",
             "--logger", "zap",
             "--log-outputs", "stderr",
+            *self._tls_flags(),
         )  # fmt: skip
+
+    def _tls_flags(self) -> tuple[str, ...]:
+        tls = self.tls
+        if tls is None:
+            return ()
+        flags = (
+            "--cert-file", str(tls.cert_file), "--key-file", str(tls.key_file),
+            "--trusted-ca-file", str(tls.ca_file),
+        )  # fmt: skip
+        return (*flags, "--client-cert-auth") if tls.require_client_cert else flags
 
     def healthy(self) -> bool:
         """etcd's own /health: true when the member has a leader and answers reads."""
+        ctx = self.tls.client_context() if self.tls is not None else None
         try:
-            with urllib.request.urlopen(f"{self.client_url}/health", timeout=1.0) as resp:
+            with urllib.request.urlopen(
+                f"{self.client_url}/health", timeout=1.0, context=ctx
+            ) as resp:
                 return bool(json.loads(resp.read()).get("health") == "true")
         except (OSError, ValueError):
             return False
@@ -100,6 +118,7 @@ class EtcdCluster:
     root: Path
     size: int = 1
     members: list[EtcdMember] = field(default_factory=list)
+    tls: ServerTls | None = None
 
     def __post_init__(self) -> None:
         if self.size not in (1, 3):
@@ -110,7 +129,7 @@ class EtcdCluster:
             }
             initial = ",".join(f"{n}=http://127.0.0.1:{p[1]}" for n, p in ports.items())
             self.members = [
-                EtcdMember(name, self.root / name, *p, initial_cluster=initial)
+                EtcdMember(name, self.root / name, *p, initial_cluster=initial, tls=self.tls)
                 for name, p in ports.items()
             ]
 

@@ -1,4 +1,5 @@
-"""A private MariaDB server (primary or GTID replica) with the binlog settings canal needs."""
+"""A private MariaDB server (primary or GTID replica) with the binlog settings canal needs
+(with ``tls``: TLS offered and required on TCP, see ``canal_ha.sandbox.tls``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox.process import ManagedProcess, ProcessRecord
+from canal_ha.sandbox.tls import ServerTls
 from canal_protocol.errors import RetryExhausted, SandboxStartError
 
 __all__ = [
@@ -82,6 +84,7 @@ class MariaDBServer:
     root: Path
     server_id: int
     port: int
+    tls: ServerTls | None = None
     process: ManagedProcess = field(init=False)
 
     def __post_init__(self) -> None:
@@ -121,6 +124,17 @@ class MariaDBServer:
             f"--server-id={self.server_id}",
             *BINLOG_FLAGS,
             *TUNING_FLAGS,
+            *self._tls_flags(),
+        )
+
+    def _tls_flags(self) -> tuple[str, ...]:
+        if self.tls is None:
+            return ()
+        return (
+            f"--ssl-ca={self.tls.ca_file}",
+            f"--ssl-cert={self.tls.cert_file}",
+            f"--ssl-key={self.tls.key_file}",
+            "--require-secure-transport=ON",
         )
 
     def dsn(self) -> dict[str, Any]:
@@ -261,11 +275,12 @@ class MariaDBServer:
 
     def replicate_from(self, primary: MariaDBServer) -> None:
         """Become a GTID replica of ``primary`` (MASTER_USE_GTID=slave_pos)."""
+        ssl = f", MASTER_SSL=1, MASTER_SSL_CA='{primary.tls.ca_file}'" if primary.tls else ""
         self.execute(
             "STOP SLAVE",
             f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={primary.port}, "
             f"MASTER_USER='{REPL_USER}', MASTER_PASSWORD='{REPL_PASSWORD}', "
-            "MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1",
+            f"MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1{ssl}",
             "START SLAVE",
         )
 

@@ -19,6 +19,7 @@ from canal_ha.sandbox.etcd import EtcdCluster, EtcdMember
 from canal_ha.sandbox.mariadb import MariaDBServer
 from canal_ha.sandbox.ports import free_port
 from canal_ha.sandbox.process import ManagedProcess, ProcessRecord
+from canal_ha.sandbox.tls import ServerTls
 from canal_protocol.errors import SandboxError, SandboxStateError
 
 __all__ = ["STATE_FILE", "Sandbox"]
@@ -40,6 +41,7 @@ class Sandbox:
     etcd: EtcdCluster | None = None
     extra: list[ManagedProcess] = field(default_factory=list)
     started_at: float = 0.0
+    tls: ServerTls | None = None  # https etcd, MariaDB requiring TLS (sandbox/tls.py)
 
     # -- start / stop -----------------------------------------------------------
 
@@ -59,16 +61,16 @@ class Sandbox:
         return self
 
     def _start_parts(self) -> None:
-        self.etcd = EtcdCluster(self.workdir / "etcd", self.etcd_members)
+        self.etcd = EtcdCluster(self.workdir / "etcd", self.etcd_members, tls=self.tls)
         self.etcd.start()
         self.primary_db = MariaDBServer(
-            "primary", self.workdir / "primary", PRIMARY_SERVER_ID, free_port()
+            "primary", self.workdir / "primary", PRIMARY_SERVER_ID, free_port(), tls=self.tls
         )
         self.primary_db.start()
         self.primary_db.create_users()
         if self.standby:
             self.standby_db = MariaDBServer(
-                "standby", self.workdir / "standby", STANDBY_SERVER_ID, free_port()
+                "standby", self.workdir / "standby", STANDBY_SERVER_ID, free_port(), tls=self.tls
             )
             self.standby_db.start()
             self.standby_db.replicate_from(self.primary_db)
@@ -130,6 +132,7 @@ class Sandbox:
             "started_at": self.started_at,
             "stopped": stopped,
             "owner_pid": os.getpid(),
+            "tls": self.tls.to_json() if self.tls is not None else None,
             "etcd": {
                 "endpoints": etcd.endpoints,
                 "members": [_member_state(m) for m in etcd.members],
@@ -204,13 +207,15 @@ def _db_state(db: MariaDBServer | None, app: bool = False) -> dict[str, Any] | N
 
 def _from_state(workdir: Path, data: dict[str, Any]) -> Sandbox:
     try:
+        tls = ServerTls.from_json(data.get("tls"))
         etcd = EtcdCluster(
             workdir / "etcd",
             len(data["etcd"]["members"]),
-            members=[_member_from(m) for m in data["etcd"]["members"]],
+            members=[_member_from(m, tls) for m in data["etcd"]["members"]],
+            tls=tls,
         )
         dbs = data["mariadb"]
-        box = _sandbox_from(workdir, etcd, dbs)
+        box = _sandbox_from(workdir, etcd, dbs, tls)
         box.extra = [
             ManagedProcess.adopt(ProcessRecord.from_json(r)) for r in data.get("extra", [])
         ]
@@ -220,9 +225,11 @@ def _from_state(workdir: Path, data: dict[str, Any]) -> Sandbox:
     return box
 
 
-def _sandbox_from(workdir: Path, etcd: EtcdCluster, dbs: dict[str, Any]) -> Sandbox:
-    primary = _db_from(dbs["primary"])
-    standby = _db_from(dbs["standby"]) if dbs.get("standby") else None
+def _sandbox_from(
+    workdir: Path, etcd: EtcdCluster, dbs: dict[str, Any], tls: ServerTls | None
+) -> Sandbox:
+    primary = _db_from(dbs["primary"], tls)
+    standby = _db_from(dbs["standby"], tls) if dbs.get("standby") else None
     return Sandbox(
         workdir,
         etcd_members=etcd.size,
@@ -230,10 +237,11 @@ def _sandbox_from(workdir: Path, etcd: EtcdCluster, dbs: dict[str, Any]) -> Sand
         primary_db=primary,
         standby_db=standby,
         etcd=etcd,
+        tls=tls,
     )
 
 
-def _member_from(m: dict[str, Any]) -> EtcdMember:
+def _member_from(m: dict[str, Any], tls: ServerTls | None) -> EtcdMember:
     member = EtcdMember(
         m["name"],
         Path(m["dir"]),
@@ -241,12 +249,13 @@ def _member_from(m: dict[str, Any]) -> EtcdMember:
         int(m["peer_url"].rsplit(":", 1)[1]),
         int(m["metrics_port"]),
         initial_cluster=m["initial_cluster"],
+        tls=tls,
     )
     member.process.pid = m["pid"]
     return member
 
 
-def _db_from(d: dict[str, Any]) -> MariaDBServer:
-    db = MariaDBServer(d["name"], Path(d["dir"]), int(d["server_id"]), int(d["port"]))
+def _db_from(d: dict[str, Any], tls: ServerTls | None) -> MariaDBServer:
+    db = MariaDBServer(d["name"], Path(d["dir"]), int(d["server_id"]), int(d["port"]), tls)
     db.process.pid = d["pid"]
     return db

@@ -20,12 +20,19 @@ Fixes of the library's behaviour, applied to the streams opened here only:
   made here converts those errors into ``BinlogConnectionLost`` (not a pymysql
   error, so the library's ``except`` does not swallow it): the caller resumes from
   its own last committed position. No global of the library is changed.
+
+TLS: a DSN's ``tls`` entry (``{"ca", "cert", "key", "verify_identity"}``, from the
+config's ``db.tls.*``) becomes one ``ssl.SSLContext`` per distinct setting, given to
+every connection made here (binlog dump, its control connection and every query):
+TLS is then required and the server's certificate verified.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
+import ssl
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -40,11 +47,13 @@ from canal_protocol.errors import (
     BinlogError,
     PurgedPosition,
 )
+from canal_server.parse import grants
 
 __all__ = [
     "CONNECTION_LOST_CODES",
     "REQUIRED_VARIABLES",
     "EventSpan",
+    "access_error",
     "check_binlog_config",
     "check_server_config",
     "connect",
@@ -52,6 +61,7 @@ __all__ = [
     "interrupt",
     "next_event",
     "open_stream",
+    "tls_context",
 ]
 
 CONNECTION_LOST_CODES = frozenset({2006, 2013})
@@ -71,11 +81,28 @@ _CONN_KEYS = ("host", "port", "user", "password", "connect_timeout", "read_timeo
 # -- connections -----------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=32)
+def tls_context(
+    ca: str | None, cert: str | None, key: str | None, verify_identity: bool
+) -> ssl.SSLContext:
+    """TLS required, the server's certificate verified against ``ca`` (else the
+    system's CAs) and, with ``verify_identity``, its name against the host."""
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.check_hostname = verify_identity
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    if cert:
+        ctx.load_cert_chain(cert, key)
+    return ctx
+
+
 def _connection_kwargs(conn: Mapping[str, Any]) -> dict[str, Any]:
-    """host/port/user/password (+ timeouts) of a DSN dict; other keys are dropped."""
+    """host/port/user/password (+ timeouts, TLS) of a DSN dict; other keys are dropped."""
     kw = {k: conn[k] for k in _CONN_KEYS if k in conn}
     kw.setdefault("connect_timeout", 5)
     kw["charset"] = "utf8mb4"
+    tls = conn.get("tls")
+    if tls:
+        kw["ssl"] = tls_context(tls["ca"], tls["cert"], tls["key"], bool(tls["verify_identity"]))
     return kw
 
 
@@ -122,12 +149,39 @@ def check_binlog_config(variables: Mapping[str, str]) -> None:
         raise BinlogConfigError("binlog settings canal needs are wrong: " + ", ".join(wrong))
 
 
+def access_error(exc: pymysql.err.MySQLError, conn: Mapping[str, Any]) -> BinlogConfigError | None:
+    """A refused login (1045) or a missing privilege (1227) as the BinlogConfigError
+    naming it (the operator must act: retrying the same way cannot help), else None."""
+    code = exc.args[0] if exc.args else None
+    where = f"{conn.get('host')}:{conn.get('port')}"
+    if code == grants.ER_ACCESS_DENIED:
+        return BinlogConfigError(
+            f"{where} refused the database user: {exc.args[-1]} (wrong db.username or "
+            "db.password, or the server requires TLS or a client certificate: db.tls.*)"
+        )
+    if code == grants.ER_SPECIFIC_ACCESS_DENIED:
+        return BinlogConfigError(
+            f"the database user lacks a privilege on {where}: {exc.args[-1]} (docs/security.md)"
+        )
+    return None
+
+
 def check_server_config(conn: Mapping[str, Any]) -> None:
-    """Read the server's binlog variables and check them (BinlogConfigError)."""
+    """Read the server's binlog variables and the user's grants, and check them
+    (BinlogConfigError naming each wrong variable, a refused login, a missing grant)."""
     names = ", ".join(f"'{n}'" for n in REQUIRED_VARIABLES)
-    with connect(conn) as c, c.cursor() as cur:
-        cur.execute(f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({names})")
-        check_binlog_config({str(r[0]): str(r[1]) for r in cur.fetchall()})
+    try:
+        with connect(conn) as c, c.cursor() as cur:
+            cur.execute(f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({names})")
+            check_binlog_config({str(r[0]): str(r[1]) for r in cur.fetchall()})
+            missing = grants.missing_grants(cur)
+            if missing:
+                raise grants.grants_error(cur, missing, f"{conn.get('host')}:{conn.get('port')}")
+    except pymysql.err.MySQLError as exc:
+        denied = access_error(exc, conn)
+        if denied is None:
+            raise
+        raise denied from exc
 
 
 # -- the stream ----------------------------------------------------------------------
@@ -194,8 +248,8 @@ def next_event(stream: BinLogStreamReader) -> Any:
     """The next event (None at the end of a non-blocking stream), errors translated.
 
     Raises BinlogConnectionLost on a broken connection, PurgedPosition on errno 1236
-    (bad start: purged or unknown file/GTID, offset inside an event), BinlogError on
-    other server errors.
+    (bad start: purged or unknown file/GTID, offset inside an event), BinlogConfigError
+    on a refused login or a missing privilege, BinlogError on other server errors.
     """
     try:
         return stream.fetchone()
@@ -207,6 +261,10 @@ def next_event(stream: BinLogStreamReader) -> Any:
             raise PurgedPosition(f"cannot start the binlog dump there: {exc}") from exc
         if code in CONNECTION_LOST_CODES:
             raise BinlogConnectionLost(f"binlog connection lost: {exc}") from exc
+        settings = getattr(stream, "_BinLogStreamReader__connection_settings", {})
+        denied = access_error(exc, settings)
+        if denied is not None:
+            raise denied from exc
         raise BinlogError(f"binlog read failed: {exc}") from exc
     except (OSError, struct.error) as exc:
         raise BinlogConnectionLost(f"binlog connection lost: {exc!r}") from exc
