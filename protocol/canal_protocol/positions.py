@@ -122,6 +122,18 @@ class LogIdentity:
             int(d.get("source_server_id", 0)),
         )
 
+    def same_source(self, other: LogIdentity) -> bool:
+        """The same database read as the same replica; a server id not known yet (0, e.g. a
+        reader's start position before its dump named the server) matches any."""
+        return (
+            self.source_address == other.source_address
+            and self.slave_id == other.slave_id
+            and (
+                self.source_server_id == other.source_server_id
+                or 0 in (self.source_server_id, other.source_server_id)
+            )
+        )
+
 
 @dataclass(frozen=True, order=True)
 class LogPosition:

@@ -745,8 +745,8 @@ class _Runner:
                     self.tap.take(shape.full_name)
                     return None
                 last = sink.last
-                if last is not None and last.identity != identity:
-                    if term.identity() != identity:
+                if last is not None and not last.identity.same_source(identity):
+                    if not term.identity().same_source(identity):
                         self.tap.take(shape.full_name)
                         return None  # the reader switched source: read from the new one
                 elif last is not None and (
