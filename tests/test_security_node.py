@@ -355,3 +355,27 @@ def test_health_error_names_no_secret_for_a_refused_database_login(
             f"ALTER USER '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{sb.secrets.db}'"
         )
         node.stop()
+
+
+def test_snapshot_chunks_are_read_over_the_same_tls(secure_box: SecureBox) -> None:
+    """The snapshot's chunk reader (mysqlclient) connects with ``db.tls.*`` too: the
+    server requires secure transport and the node's user a client certificate."""
+    from canal_server.parse.snapshot import ChunkReader
+
+    sb = secure_box
+    sb.box.primary.execute(
+        "CREATE DATABASE IF NOT EXISTS sec_snap",
+        "CREATE TABLE IF NOT EXISTS sec_snap.t (id INT PRIMARY KEY, v VARCHAR(20))",
+        "REPLACE INTO sec_snap.t VALUES (1, 'a'), (2, 'b')",
+        f"GRANT SELECT ON sec_snap.* TO '{DB_USER}'@'127.0.0.1'",
+    )
+    pki = sb.pki
+    dsn = {
+        "host": "127.0.0.1", "port": sb.box.primary.port, "user": DB_USER,
+        "password": sb.secrets.db,
+        "tls": {"ca": str(pki.ca), "cert": str(pki.db.cert), "key": str(pki.db.key),
+                "verify_identity": False},
+    }  # fmt: skip
+    with ChunkReader(dsn) as reader:
+        chunk = reader.read(reader.shape("sec_snap", "t"), None, 10)
+    assert len(chunk.rows) == 2

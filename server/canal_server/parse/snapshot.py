@@ -227,6 +227,22 @@ def _expr(name: str, data_type: str) -> str:
     return _quote(name)
 
 
+def _tls_args(tls: Mapping[str, Any] | None) -> dict[str, Any]:
+    """mysqlclient's TLS arguments for the DSN's ``tls`` entry (``db.tls.*``), the same
+    settings the binlog connection uses: CA, optional client certificate, identity check."""
+    if not tls:
+        return {}
+    files = {k: tls[k] for k in ("ca", "cert", "key") if tls.get(k)}
+    mode = (
+        "VERIFY_IDENTITY"
+        if tls.get("verify_identity")
+        else "VERIFY_CA"
+        if "ca" in files
+        else "REQUIRED"
+    )
+    return {"ssl": files, "ssl_mode": mode}
+
+
 class ChunkReader:
     """Reads chunks of tables on its own connection; see the module doc."""
 
@@ -244,7 +260,7 @@ class ChunkReader:
             conn = MySQLdb.connect(
                 host=self._dsn["host"], port=int(self._dsn["port"]), user=self._dsn["user"],
                 password=self._dsn.get("password", ""), charset="utf8mb4", conv=_CONV,
-                connect_timeout=int(max(1, self._timeout)),
+                connect_timeout=int(max(1, self._timeout)), **_tls_args(self._dsn.get("tls")),
             )  # fmt: skip
             cur = conn.cursor()
             cur.execute("SET SESSION time_zone = '+00:00'")
