@@ -1,8 +1,9 @@
 """Run a node: uvicorn serving the API of a ``Node``, with a clean stop on signals.
 
-SIGTERM / SIGINT: stop serving and parsing at once, let uvicorn finish the requests
-in flight (a few seconds at most), then release every destination (final meta
-flush while the epoch still holds), revoke the node lease and exit 0.
+SIGTERM / SIGINT: stop serving and parsing at once and hand every led destination
+over to another node (final meta flush while the epoch still holds; the successor
+takes over at once), let uvicorn finish the requests in flight (a few seconds at
+most), release what nobody could take, revoke the node lease and exit 0.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def run_node(config: NodeConfig) -> int:
         ssl_keyfile=config.tls.key_file or None,
         lifespan="off",
     )
-    uv = _NodeServer(uv_config, node.close_serving)
+    uv = _NodeServer(uv_config, node.begin_leaving)
     node.start()
     try:
         uv.run()
