@@ -28,7 +28,7 @@
     │   ├── CoordinatorUnavailable  etcd cannot be reached right now
     │   ├── Fenced                  our epoch is stale or our lease lapsed: step down
     │   └── HandoverFailed          a graceful handover (step-down) could not be done (409)
-    │       └── HandoverTimeout     handed over, but the successor did not take over in time (504)
+    │       └── HandoverTimeout     handed over, but the successor did not take over in time (503)
     └── ClientError                 (canal_client) a call to the servers could not complete
         ├── ServerUnreachable       connection refused/reset, timeout (transport)
         ├── LeaderUnavailable       503 / no leader known yet (``retry_after_s``)
