@@ -25,7 +25,12 @@ The JSON document::
               end rows, seconds, rows_per_s (median), runs; latency rates[] with
               target_tps, achieved_tps, p50_ms, p99_ms, max_ms, samples; failover
               trials_s, median_s, max_s, election; node_rss rss_before_bytes,
-              rss_after_bytes, bytes_per_row, store_bytes_per_row}}
+              rss_after_bytes, bytes_per_row, store_bytes_per_row; handover
+              sigterm/step_down {stalls_ms, median_ms, max_ms}, duplicate_rows,
+              lost_rows; scale_clients / scale_destinations runs[] with consumers,
+              aggregate_rows_per_s, per_client_rows_per_s, node_cpu_cores; idle_cost
+              runs[] with destinations, rss_bytes, cpu_percent, and the per-destination
+              slopes}}
     ratios    {name: {vs_mysql_replication, vs_c_decoder}} for every part with rows/s
     started_at, duration_s
 """
@@ -46,7 +51,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import bench_node, bench_readers, bench_spark
+from benchmarks import bench_node, bench_readers, bench_scale, bench_spark
 from benchmarks.bench_common import REPO, Context, Part, machine_info, run_part, write_result
 from benchmarks.bench_data import generate
 from benchmarks.bench_report import ratios, render_table
@@ -67,6 +72,14 @@ PARTS: tuple[Part, ...] = (
     Part("latency", "commit -> client latency", bench_node.latency),
     Part("failover", "failover: leader SIGKILL -> first batch", bench_node.failover),
     Part("node_rss", "node RSS, rows buffered (not acked)", bench_node.node_rss),
+    Part("handover", "graceful handover: consumer stall", bench_scale.handover),
+    Part("scale_clients", "cost curve: clients on one destination", bench_scale.scale_clients),
+    Part(
+        "scale_destinations",
+        "cost curve: destinations on one node",
+        bench_scale.scale_destinations,
+    ),
+    Part("idle_cost", "cost curve: idle destinations on one node", bench_scale.idle_cost),
 )
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "latest.json"
 
@@ -87,6 +100,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--failover-switch-delay", type=float, default=1.0, help="election.switch_delay_s (s)"
     )
     p.add_argument("--rss-rows", type=int, default=100_000)
+    p.add_argument("--handovers", type=int, default=20, help="SIGTERM steps, and step-downs")
+    p.add_argument("--scale-clients", default="1,4,16", help="client counts (scale_clients)")
+    p.add_argument(
+        "--scale-destinations", default="1,4,16", help="destination counts (scale_*, idle_cost)"
+    )
+    p.add_argument("--idle-seconds", type=float, default=10.0, help="idle_cost sample (s)")
     p.add_argument("--spark-example", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
@@ -136,6 +155,10 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "failover_ttl_s": args.failover_ttl,
         "failover_switch_delay_s": args.failover_switch_delay,
         "spark_example": str(args.spark_example or ""),
+        "handovers": args.handovers,
+        "scale_clients": args.scale_clients,
+        "scale_destinations": args.scale_destinations,
+        "idle_seconds": args.idle_seconds,
     }
 
 

@@ -300,6 +300,7 @@ class RunningMonitor:
         self._request: _HandoverRequest | None = None
         self._gained_at = 0.0
         self._detail = ""  # why, for the event the current cycle records
+        self._handing_to: str | None = None  # successor of a handover not yet seen leading
 
     # -- what the server / client asks ------------------------------------------------
 
@@ -318,6 +319,11 @@ class RunningMonitor:
         """Monotonic time at which we stop leading unless a keepalive succeeds first."""
         with self._state:
             return self._valid_until
+
+    def handing_to(self) -> str | None:
+        """The node this monitor is handing over to (or handed over to and has not yet
+        seen leading): answers can send clients there instead of asking them to wait."""
+        return self._handing_to
 
     def history(self) -> list[MonitorEvent]:
         with self._state:
@@ -479,6 +485,7 @@ class RunningMonitor:
             self._epoch, self._lease = None, None
             self._valid_until = float("-inf")
             self._stale_report = None
+            self._handing_to = to
         assert epoch is not None and lease is not None
         self._event_epoch, self._detail = epoch, f"to {to}: {why}"
         log.info(
@@ -497,7 +504,7 @@ class RunningMonitor:
         except CoordinationError as exc:  # Fenced: no longer ours anyway; else expires by TTL
             error = HandoverFailed(f"{self.key}: handover of epoch {epoch} to {to} failed: {exc}")
             log.warning("%s (node %s)", error, self.node)
-            reason, self._last_holder = Reason.HANDOVER_FAILED, ""
+            reason, self._last_holder, self._handing_to = Reason.HANDOVER_FAILED, "", None
         with contextlib.suppress(CoordinatorUnavailable):
             self._revoke_stale()
         if request is not None:
@@ -557,6 +564,7 @@ class RunningMonitor:
 
     def _observe_holder(self, kv: KeyValue, now: float) -> Reason:
         self._absent_since = None
+        self._handing_to = None
         if self._pending is not None and kv.lease == self._pending[0].id:
             lease, granted_at = self._pending  # our campaign won though the reply was lost
             self._pending = None
@@ -581,6 +589,7 @@ class RunningMonitor:
         if hint is not None:
             self._detail = f"{hint.source} handed epoch {hint.epoch} to {hint.to}"
             return Reason.WAITING_HANDOVER
+        self._handing_to = None  # the handover expired: whoever campaigns now
         if self._placement is not None and self._placement.leaving():
             return Reason.LEAVING
         if self._last_holder is not None and self._last_holder == self.node:

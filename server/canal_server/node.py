@@ -90,6 +90,7 @@ class DestinationView:
     role: Role
     epoch: int  # ours when leading, else the known leader's (0 = unknown)
     leader: RunningInfo | None
+    handing_to: str | None = None  # this node is handing it over to that node
 
 
 class Node:
@@ -371,11 +372,17 @@ class Node:
         inst = self.instance(destination)
         role, epoch = inst.role()
         leader = self._leaders.get(destination)
-        if role is Role.STANDBY and leader is not None and leader.node == self.id:
-            leader = None  # our own stale record: no usable leader yet
+        if role is Role.STANDBY:
+            ours = self.monitors[destination].leader_epoch()
+            if ours is None and leader is not None and leader.node == self.id:
+                ours = leader.epoch  # just won (the monitor hears it in a moment), or stale
+            if ours is not None:
+                role, epoch = Role.STARTING, ours  # either way: moments, not a second
+            if leader is not None and leader.node == self.id:
+                leader = None  # no usable leader elsewhere
         if epoch is None:
             epoch = leader.epoch if leader is not None else 0
-        return DestinationView(role, epoch, leader)
+        return DestinationView(role, epoch, leader, self.monitors[destination].handing_to())
 
     def epoch_of(self, destination: str) -> int:
         try:
