@@ -182,6 +182,7 @@ class SimNode:
 
     def round(self) -> None:
         self.mem.keepalive(self.lease)
+        self.balancer.refresh()  # the node's view thread
         for m in self.monitors.values():
             m.cycle(self.clock())
 

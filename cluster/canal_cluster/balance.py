@@ -1,11 +1,12 @@
 """Fair share of leaders over the nodes: the ``Placement`` of a node's server monitors.
 
 With D destinations (those the live nodes configure) on N live nodes that are not
-leaving, a node's **fair share** is ceil(D / N). ``Balancer`` (one per node) reads the
-cluster from etcd (the node records under ``{p}/cluster/`` and each destination's
-running key; at most once per ``refresh_s``) and answers the questions each server
-monitor's cycle asks (``running.Placement``); the monitor acts, logs and records the
-decision with its reason:
+leaving, a node's **fair share** is ceil(D / N). ``Balancer`` (one per node) keeps a
+view of the cluster (``refresh()`` reads the node records under ``{p}/cluster/`` and
+each destination's running key; the node calls it every ``refresh_s`` from its own
+thread) and answers the questions each server monitor's cycle asks
+(``running.Placement``) from that view alone, never calling etcd itself; the monitor
+acts, logs and records the decision with its reason:
 
 - ``surplus`` (a leader): hand this destination over when this node leads more than
   its share, has led the destination for ``hold_s`` at least, has no other handover
@@ -21,7 +22,8 @@ decision with its reason:
   ``successor`` picks where each of its destinations goes, spreading them.
 
 A node that does not see itself among the live nodes (its registration lapsed) or
-cannot read etcd decides nothing (its monitors behave as without a placement).
+whose view is older than ``3 x refresh_s`` (etcd unreachable) decides nothing (its
+monitors behave as without a placement).
 """
 
 from __future__ import annotations
@@ -137,21 +139,30 @@ class Balancer:
 
     # -- the view -----------------------------------------------------------------------
 
-    def view(self, max_age_s: float | None = None) -> ClusterView | None:
-        """The cluster as etcd has it, read at most every ``refresh_s`` (or
-        ``max_age_s``); None when etcd does not answer."""
-        age = self._refresh_s if max_age_s is None else max_age_s
-        now = self._clock()
-        cached = self._view
-        if cached is not None and now - cached[0] < age:
-            return cached[1]
+    def refresh(self) -> ClusterView | None:
+        """Read the view from etcd now (the node's thread, every ``refresh_s``); None
+        (the old view kept) when etcd does not answer."""
+        started = self._clock()
         try:
             view = read_view(self._coord, self._keys)
         except CoordinationError as exc:
             log.debug("node %s: cluster view not read: %s", self.node, exc)
             return None
-        self._view = (now, view)
+        self._view = (started, view)
         return view
+
+    def view(self) -> ClusterView | None:
+        """The last view read, unless it is older than ``3 x refresh_s``."""
+        cached = self._view
+        if cached is None or self._clock() - cached[0] > 3 * self._refresh_s:
+            return None
+        return cached[1]
+
+    def run(self, stop: threading.Event) -> None:
+        """Refresh every ``refresh_s`` until ``stop`` is set (a node's thread)."""
+        while not stop.is_set():
+            self.refresh()
+            stop.wait(self._refresh_s)
 
     def counts(self, view: ClusterView, claims: bool = False) -> dict[str, int]:
         """Leaders per active node: ours as our monitors know them (with ``claims``: plus
@@ -240,8 +251,8 @@ class Balancer:
         not leaving, configured for it; ``InvalidArgument("to")`` otherwise), else the
         least loaded such node (None: there is none). ``CoordinationError`` when etcd
         cannot be read."""
-        view = read_view(self._coord, self._keys)
         now = self._clock()
+        view = read_view(self._coord, self._keys)
         self._view = (now, view)
         chosen = to
         if to is not None:

@@ -115,6 +115,7 @@ class Node:
         self._leaving = False
         self._leave_thread: threading.Thread | None = None
         self._leave_lock = threading.Lock()
+        self._balance_thread: threading.Thread | None = None
         self.balancer = Balancer(
             self.coord, self.keys, self.id, self.led,
             hold_s=config.balance.hold_s,
@@ -151,6 +152,12 @@ class Node:
         self._refresh_leaders()
         self._thread = threading.Thread(target=self._keepalive_loop, name="node-lease", daemon=True)
         self._thread.start()
+        if self.config.balance.enable:
+            self.balancer.refresh()  # the first view before the first campaign
+            self._balance_thread = threading.Thread(
+                target=self.balancer.run, args=(self._stop,), name="balance-view", daemon=True
+            )
+            self._balance_thread.start()
         for monitor in self.monitors.values():
             monitor.start()
         log.info(
@@ -215,8 +222,9 @@ class Node:
             monitor.stop(release=True)
         for w in self._watches:
             w.cancel()
-        if self._thread is not None:
-            self._thread.join(4 * self.coord.timeout_s + 5)
+        for thread in (self._thread, self._balance_thread):
+            if thread is not None:
+                thread.join(4 * self.coord.timeout_s + 5)
         lease, self._lease = self._lease, None
         if lease is not None:
             try:
