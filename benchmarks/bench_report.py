@@ -150,7 +150,18 @@ def _idle_lines(rec: dict[str, Any]) -> list[str]:
     return lines
 
 
-_SCALE = ("handover", "scale_clients", "scale_destinations", "idle_cost")
+def _settle_lines(rec: dict[str, Any]) -> list[str]:
+    lines = [
+        f"  {p['phase']}: {p['leaders']} after {p['seconds']:.1f} s, {p['moves']} handovers"
+        for p in rec["phases"]
+    ]
+    lines.append(
+        f"  settled: {rec['moves_in_quiet_window']} handovers in {rec['quiet_window_s']:g} s"
+    )
+    return lines
+
+
+_SCALE = ("settle", "handover", "scale_clients", "scale_destinations", "idle_cost")
 
 
 def render_table(result: dict[str, Any]) -> str:
@@ -158,7 +169,7 @@ def render_table(result: dict[str, Any]) -> str:
     lines = [*_machine_lines(result), "", *_throughput_table(result)]
     render = {
         "latency": _latency_lines, "failover": _failover_lines, "node_rss": _rss_lines,
-        "handover": _handover_lines, "scale_clients": _curve_lines,
+        "settle": _settle_lines, "handover": _handover_lines, "scale_clients": _curve_lines,
         "scale_destinations": _curve_lines, "idle_cost": _idle_lines,
     }  # fmt: skip
     for name, fn in render.items():

@@ -10,6 +10,8 @@
 * ``scale_destinations``: 1, 4, 16 destinations on one node, each reading the whole
   generated binlog (its own binlog stream), one consumer process each.
 * ``idle_cost``: a node leading 1, 4, 16 idle destinations: RSS and CPU.
+* ``settle``: 9 destinations on 3 nodes: the time to 3/3/3, that nothing moves then,
+  a node SIGKILLed (5/4) and back (3/3/3), with the handovers each took.
 
 Consumers run as separate processes (``bench_worker``) so the clients share no GIL
 with each other; the node's own CPU use (cores, from its CPU time over the wall time)
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,7 @@ from benchmarks.bench_common import REPO, Context, NotYet
 from benchmarks.bench_data import SCHEMA
 from canal_cluster.retry import wait_until
 
-__all__ = ["handover", "idle_cost", "scale_clients", "scale_destinations"]
+__all__ = ["handover", "idle_cost", "scale_clients", "scale_destinations", "settle"]
 
 WAIT_S = 120.0
 WRITER_TPS = 200.0
@@ -354,4 +357,64 @@ def idle_cost(ctx: Context) -> dict[str, Any]:
         "rss_per_destination_bytes": round((last["rss_bytes"] - first["rss_bytes"]) / extra),
         "cpu_percent_per_destination": round(
             (last["cpu_percent"] - first["cpu_percent"]) / extra, 3),
+    }  # fmt: skip
+
+
+# -- fair share ----------------------------------------------------------------------------------
+
+SETTLE_HOLD_S = 2.0
+QUIET_S = 10.0
+
+
+def _shape(coord: Any, prefix: str) -> dict[str, int]:
+    from canal_cluster.balance import read_view
+    from canal_cluster.keys import Keys
+
+    return dict(Counter(read_view(coord, Keys(prefix)).leaders.values()))
+
+
+def _moves(nodes: list[BenchNode]) -> int:
+    return sum(n.process.log_tail(5000).count(": rebalanced, handing over") for n in nodes)
+
+
+def _phase(
+    coord: Any, nodes: list[BenchNode], what: str, want: list[int], t0: float, moves0: int
+) -> dict[str, Any]:
+    prefix = nodes[0].prefix
+    wait_until(
+        lambda: sorted(_shape(coord, prefix).values(), reverse=True) == want,
+        f"leaders per node {want}", WAIT_S, 0.05, 0.2,
+    )  # fmt: skip
+    seconds = round(time.monotonic() - t0, 2)
+    return {"phase": what, "leaders": _shape(coord, prefix), "seconds": seconds,
+            "moves": _moves(nodes) - moves0}  # fmt: skip
+
+
+def settle(ctx: Context) -> dict[str, Any]:
+    _require()
+    from canal_cluster.etcd_coordinator import EtcdCoordinator
+
+    names = tuple(f"b{i}" for i in range(1, 10))
+    idle = {"filter": {"regex": f"{SCHEMA}\\.none"}}
+    balance = {"hold_s": SETTLE_HOLD_S}
+    coord = EtcdCoordinator(ctx.sandbox.etcd_endpoints, timeout_s=2.0)
+    t0 = time.monotonic()
+    nodes = start_nodes(ctx, 3, "settle", names, balance=balance, destination=idle)
+    try:
+        phases = [_phase(coord, nodes, "3 nodes start", [3, 3, 3], t0, 0)]
+        moves = _moves(nodes)
+        time.sleep(QUIET_S)  # settled: nothing may move
+        quiet = _moves(nodes) - moves
+        t0, moves = time.monotonic(), _moves(nodes)
+        nodes[2].kill()
+        phases.append(_phase(coord, nodes, "node3 SIGKILLed", [5, 4], t0, moves))
+        t0, moves = time.monotonic(), _moves(nodes)
+        nodes[2].restart()
+        phases.append(_phase(coord, nodes, "node3 back", [3, 3, 3], t0, moves))
+    finally:
+        stop_all(nodes)
+        coord.close()
+    return {
+        "phases": phases, "destinations": len(names), "nodes": 3, "hold_s": SETTLE_HOLD_S,
+        "quiet_window_s": QUIET_S, "moves_in_quiet_window": quiet, "election": FAST_ELECTION,
     }  # fmt: skip

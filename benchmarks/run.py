@@ -27,8 +27,9 @@ The JSON document::
               trials_s, median_s, max_s, election; node_rss rss_before_bytes,
               rss_after_bytes, bytes_per_row, store_bytes_per_row; handover
               sigterm/step_down {stalls_ms, median_ms, max_ms}, duplicate_rows,
-              lost_rows; scale_clients / scale_destinations runs[] with consumers,
-              aggregate_rows_per_s, per_client_rows_per_s, node_cpu_cores; idle_cost
+              lost_rows; settle phases[] with phase, leaders, seconds, moves,
+              moves_in_quiet_window; scale_clients / scale_destinations runs[] with
+              consumers, aggregate_rows_per_s, per_client_rows_per_s, node_cpu_cores; idle_cost
               runs[] with destinations, rss_bytes, cpu_percent, and the per-destination
               slopes}}
     ratios    {name: {vs_mysql_replication, vs_c_decoder}} for every part with rows/s
@@ -72,6 +73,7 @@ PARTS: tuple[Part, ...] = (
     Part("latency", "commit -> client latency", bench_node.latency),
     Part("failover", "failover: leader SIGKILL -> first batch", bench_node.failover),
     Part("node_rss", "node RSS, rows buffered (not acked)", bench_node.node_rss),
+    Part("settle", "fair share: 9 destinations on 3 nodes", bench_scale.settle),
     Part("handover", "graceful handover: consumer stall", bench_scale.handover),
     Part("scale_clients", "cost curve: clients on one destination", bench_scale.scale_clients),
     Part(
