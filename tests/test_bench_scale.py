@@ -1,5 +1,6 @@
-"""The scale-out benchmark parts on a tiny run: handovers and the cost curve write the
-documented JSON, lose nothing, and every consumer gets every row. No timing asserts."""
+"""The scale-out benchmark parts on a tiny run: the fair share settles and stays, handovers
+and the cost curve write the documented JSON, lose nothing, and every consumer gets every
+row. No timing asserts."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = 2000
-PARTS = ("handover", "scale_clients", "scale_destinations", "idle_cost")
+PARTS = ("settle", "handover", "scale_clients", "scale_destinations", "idle_cost")
 
 
 def test_scale_parts_write_the_documented_json(tmp_path: Path) -> None:
@@ -34,6 +35,9 @@ def test_scale_parts_write_the_documented_json(tmp_path: Path) -> None:
     for name, part in parts.items():
         assert part["status"] == "ok", (name, part)
 
+    phases = parts["settle"]["phases"]
+    assert [sorted(p["leaders"].values()) for p in phases] == [[3, 3, 3], [4, 5], [3, 3, 3]]
+    assert parts["settle"]["moves_in_quiet_window"] == 0 and phases[1]["moves"] == 0
     ho = parts["handover"]
     assert ho["handovers"] == 2 and ho["lost_rows"] == 0 and ho["rows_written"] > 0
     for series in (ho["sigterm"], ho["step_down"]):
