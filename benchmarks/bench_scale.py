@@ -44,6 +44,13 @@ __all__ = ["handover", "idle_cost", "scale_clients", "scale_destinations", "sett
 
 WAIT_S = 120.0
 WRITER_TPS = 200.0
+# The cost-curve nodes: the default election (a node busy parsing must not fence itself
+# on a fast one), and a store of 1024 entries, so the reader keeps pace with the slowest
+# client and the measured window holds the parsing too.
+CURVE_ELECTION = {"ttl_s": 10.0, "switch_delay_s": 5.0, "safety_margin_s": 2.0,
+                  "loop_interval_s": 1.0}  # fmt: skip
+CURVE_MEMORY = {"buffer_size": 1024}
+CURVE_WAIT_S = 300.0
 
 
 def _require() -> Any:
@@ -276,7 +283,8 @@ def _reading_node(ctx: Context, label: str, names: tuple[str, ...]) -> BenchNode
     ds = ctx.dataset
     master = {"journal_name": ds.journal, "position": ds.offset}
     only = {"regex": ",".join(t.replace(".", "\\.") for t in ds.tables)}
-    nodes = start_nodes(ctx, 1, label, names, destination={"master": master, "filter": only})
+    dest = {"master": master, "filter": only, "memory": CURVE_MEMORY}
+    nodes = start_nodes(ctx, 1, label, names, election=CURVE_ELECTION, destination=dest)
     node = nodes[0]
     try:
         _wait_led(node, names)
@@ -295,7 +303,7 @@ def _wait_led(node: BenchNode, names: tuple[str, ...]) -> None:
             for n in names
         )
 
-    wait_until(all_running, f"{node.id} leads {len(names)} destinations", WAIT_S)
+    wait_until(all_running, f"{node.id} leads {len(names)} destinations", CURVE_WAIT_S)
 
 
 def scale_clients(ctx: Context) -> dict[str, Any]:
@@ -309,7 +317,10 @@ def scale_clients(ctx: Context) -> dict[str, Any]:
             out.append(_run_consumers(node, pairs, rows, ctx.workdir / f"go-clients{k}"))
         finally:
             stop_all([node])
-    return {"runs": out, "rows_per_client": rows, "node": "1 node, 1 destination, msgpack"}
+    return {
+        "runs": out, "rows_per_client": rows, "memory": CURVE_MEMORY,
+        "node": "1 node, 1 destination, msgpack; clock from the release of the clients",
+    }  # fmt: skip
 
 
 def scale_destinations(ctx: Context) -> dict[str, Any]:
@@ -325,7 +336,7 @@ def scale_destinations(ctx: Context) -> dict[str, Any]:
         finally:
             stop_all([node])
     return {
-        "runs": out, "rows_per_destination": rows,
+        "runs": out, "rows_per_destination": rows, "memory": CURVE_MEMORY,
         "node": "1 node, k destinations each reading the whole binlog, 1 client each",
     }  # fmt: skip
 
@@ -336,7 +347,9 @@ def idle_cost(ctx: Context) -> dict[str, Any]:
     out = []
     for k in _counts(ctx.options.get("scale_destinations"), (1, 4, 16)):
         names = tuple(f"i{i}" for i in range(1, k + 1))
-        nodes = start_nodes(ctx, 1, f"idle{k}", names, destination={"heartbeat_s": 5.0})
+        nodes = start_nodes(
+            ctx, 1, f"idle{k}", names, election=CURVE_ELECTION, destination={"heartbeat_s": 5.0}
+        )
         node = nodes[0]
         try:
             _wait_led(node, names)
