@@ -44,11 +44,12 @@ __all__ = ["handover", "idle_cost", "scale_clients", "scale_destinations", "sett
 
 WAIT_S = 120.0
 WRITER_TPS = 200.0
-# The cost-curve nodes: the default election (a node busy parsing must not fence itself
-# on a fast one), and a store of 1024 entries, so the reader keeps pace with the slowest
-# client and the measured window holds the parsing too.
+# The cost-curve nodes: the default election and etcd timeout (a node busy parsing must
+# not fence itself on the fast test timings), and a store of 1024 entries, so the reader
+# keeps pace with the slowest client and the measured window holds the parsing too.
 CURVE_ELECTION = {"ttl_s": 10.0, "switch_delay_s": 5.0, "safety_margin_s": 2.0,
                   "loop_interval_s": 1.0}  # fmt: skip
+CURVE_ETCD = {"timeout_s": 2.0}
 CURVE_MEMORY = {"buffer_size": 1024}
 CURVE_WAIT_S = 300.0
 
@@ -284,7 +285,9 @@ def _reading_node(ctx: Context, label: str, names: tuple[str, ...]) -> BenchNode
     master = {"journal_name": ds.journal, "position": ds.offset}
     only = {"regex": ",".join(t.replace(".", "\\.") for t in ds.tables)}
     dest = {"master": master, "filter": only, "memory": CURVE_MEMORY}
-    nodes = start_nodes(ctx, 1, label, names, election=CURVE_ELECTION, destination=dest)
+    nodes = start_nodes(
+        ctx, 1, label, names, election=CURVE_ELECTION, etcd=CURVE_ETCD, destination=dest
+    )
     node = nodes[0]
     try:
         _wait_led(node, names)
@@ -303,7 +306,14 @@ def _wait_led(node: BenchNode, names: tuple[str, ...]) -> None:
             for n in names
         )
 
-    wait_until(all_running, f"{node.id} leads {len(names)} destinations", CURVE_WAIT_S)
+    try:
+        wait_until(all_running, f"{node.id} leads {len(names)} destinations", CURVE_WAIT_S)
+    except Exception:
+        h = node.health() or {"destinations": {}}
+        states = {n: (d["role"], d["reader"]["state"], d["reader"]["error"][:80])
+                  for n, d in h["destinations"].items()}  # fmt: skip
+        tail = node.process.log_tail(20)
+        raise RuntimeError(f"{node.id} does not lead all of {names}: {states}\n{tail}") from None
 
 
 def scale_clients(ctx: Context) -> dict[str, Any]:
@@ -347,8 +357,9 @@ def idle_cost(ctx: Context) -> dict[str, Any]:
     out = []
     for k in _counts(ctx.options.get("scale_destinations"), (1, 4, 16)):
         names = tuple(f"i{i}" for i in range(1, k + 1))
+        idle = {"heartbeat_s": 5.0}
         nodes = start_nodes(
-            ctx, 1, f"idle{k}", names, election=CURVE_ELECTION, destination={"heartbeat_s": 5.0}
+            ctx, 1, f"idle{k}", names, election=CURVE_ELECTION, etcd=CURVE_ETCD, destination=idle
         )
         node = nodes[0]
         try:
