@@ -581,17 +581,18 @@ class RunningMonitor:
     def _key_absent(self, now: float) -> Reason:
         self._drop_pending()
         hint = self._handover_hint()
-        if hint is not None and hint.to == self.node:
+        leaving = self._placement is not None and self._placement.leaving()
+        if hint is not None and hint.to == self.node and not leaving:
             self._detail = f"from {hint.source} (epoch {hint.epoch}): {hint.why}"
             return self._campaign(now, Reason.TOOK_OVER)
         if self._absent_since is None:
             self._absent_since = now
+        if leaving:  # named or not: the handover expires and the others campaign
+            return Reason.LEAVING
         if hint is not None:
             self._detail = f"{hint.source} handed epoch {hint.epoch} to {hint.to}"
             return Reason.WAITING_HANDOVER
         self._handing_to = None  # the handover expired: whoever campaigns now
-        if self._placement is not None and self._placement.leaving():
-            return Reason.LEAVING
         if self._last_holder is not None and self._last_holder == self.node:
             return self._campaign(now)  # the previous owner: at once
         waited = now - self._absent_since
@@ -657,6 +658,7 @@ class RunningMonitor:
 
     def _release(self) -> Reason:
         """Stop leading (callback first, while the epoch is still valid), delete our key."""
+        self._detail = ""
         with self._state:
             epoch, lease = self._epoch, self._lease
             self._epoch, self._lease = None, None
