@@ -133,6 +133,35 @@ def test_a_handover_nobody_takes_expires_and_the_others_campaign(
     assert b.cycle(clock()) is R.OTHER_LEADER
 
 
+class Leaving:
+    """A placement that only says the node is leaving."""
+
+    def leaving(self) -> bool:
+        return True
+
+    def surplus(self, led_for_s: float) -> None:
+        return None
+
+    def defer(self, waited_s: float) -> None:
+        return None
+
+
+def test_a_leaving_successor_does_not_take_over_and_the_handover_expires(
+    mem: MemoryCoordinator, clock: FakeClock
+) -> None:
+    a, c = monitor(mem, clock, "a"), monitor(mem, clock, "c")
+    b = RunningMonitor(
+        mem, KEYS.running("d1"), "b", "http://b", CFG, clock=clock,
+        handover_key=KEYS.handover("d1"), placement=Leaving(),
+    )  # fmt: skip
+    assert a.cycle(clock()) is R.WON and c.cycle(clock()) is R.OTHER_LEADER
+    a.hand_over("b")  # b started leaving after it was picked
+    assert b.cycle(clock()) is R.LEAVING and c.cycle(clock()) is R.WAITING_HANDOVER
+    clock.advance(CFG.ttl_s + 0.5)
+    assert b.cycle(clock()) is R.LEAVING
+    assert c.cycle(clock()) is R.WON  # the hint expired, the switch delay had passed
+
+
 def test_hand_over_refuses_what_it_cannot_do(mem: MemoryCoordinator, clock: FakeClock) -> None:
     a, b = monitor(mem, clock, "a"), monitor(mem, clock, "b")
     assert a.cycle(clock()) is R.WON and b.cycle(clock()) is R.OTHER_LEADER
