@@ -320,6 +320,10 @@ class RunningMonitor:
         with self._state:
             return self._valid_until
 
+    def campaigning(self) -> bool:
+        """A campaign of ours is in flight (etcd may already show us as the holder)."""
+        return self._pending is not None
+
     def handing_to(self) -> str | None:
         """The node this monitor is handing over to (or handed over to and has not yet
         seen leading): answers can send clients there instead of asking them to wait."""

@@ -381,11 +381,14 @@ class Node:
         role, epoch = inst.role()
         leader = self._leaders.get(destination)
         if role is Role.STANDBY:
-            ours = self.monitors[destination].leader_epoch()
+            monitor = self.monitors[destination]
+            ours = monitor.leader_epoch()
             if ours is None and leader is not None and leader.node == self.id:
                 ours = leader.epoch  # just won (the monitor hears it in a moment), or stale
+            if ours is None and monitor.campaigning():
+                ours = 0  # etcd may name us already: moments either way
             if ours is not None:
-                role, epoch = Role.STARTING, ours  # either way: moments, not a second
+                role, epoch = Role.STARTING, ours
             if leader is not None and leader.node == self.id:
                 leader = None  # no usable leader elsewhere
         if epoch is None:

@@ -110,6 +110,11 @@ class LeaderLookup:
             self._redirect(leader)
         raise unavailable("no_leader", f"{d}: no leader is known right now")
 
+    def _if_handing_over(self) -> None:
+        view = node_of(self.request).view(self.destination)
+        if view.handing_to is not None:
+            self._handing_over(view.leader, view.handing_to)
+
     def _handing_over(self, leader: RunningInfo | None, to: str) -> None:
         """A graceful handover is under way: 307 once the successor leads, else 503
         without a wait (the client's backoff paces; it follows the leader in etcd)."""
@@ -138,12 +143,11 @@ class LeaderLookup:
             err = api_error_of(exc, self.destination, op)
             if err is None:
                 raise
-            view = node_of(self.request).view(self.destination)
-            if view.handing_to is not None:  # e.g. a long poll ended by the handover
-                self._handing_over(view.leader, view.handing_to)
+            self._if_handing_over()  # e.g. a long poll ended by the handover
             raise err from None
         still = node_of(self.request).instance(self.destination).serving()
         if still is None or still[1] != epoch:
+            self._if_handing_over()
             raise unavailable("fenced", f"{self.destination}: leadership of epoch {epoch} ended")
         return result, epoch
 
