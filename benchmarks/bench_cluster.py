@@ -86,7 +86,13 @@ class BenchNode:
 
 
 def _config(
-    ctx: Context, node_id: str, port: int, prefix: str, slave_id: int, **extra: dict[str, Any]
+    ctx: Context,
+    node_id: str,
+    port: int,
+    prefix: str,
+    slave_id: int,
+    names: tuple[str, ...] = (DEST,),
+    **extra: dict[str, Any],
 ) -> dict[str, Any]:
     dsn = ctx.sandbox.primary.dsn()
     dest: dict[str, Any] = {
@@ -106,21 +112,24 @@ def _config(
     }  # fmt: skip
     for section, values in extra.items():
         config[section] = {**config.get(section, {}), **values}
-    config["destinations"] = {DEST: dest}
+    config["destinations"] = {n: {**dest, "slave_id": slave_id + i} for i, n in enumerate(names)}
     return config
 
 
-def start_nodes(ctx: Context, n: int, label: str, **extra: dict[str, Any]) -> list[BenchNode]:
+def start_nodes(
+    ctx: Context, n: int, label: str, names: tuple[str, ...] = (DEST,), **extra: dict[str, Any]
+) -> list[BenchNode]:
     """Start ``n`` nodes of one cluster and wait until each answers /v1/health.
 
-    ``extra`` merges into config sections (``election=``, ``destination=`` with
+    ``names``: the destinations (the same settings, each its own slave id); ``extra``
+    merges into config sections (``election=``, ``destination=`` with
     ``master``/``memory``/...)."""
     prefix = f"/bench-{label}-{uuid.uuid4().hex[:8]}"
-    slave_id = 100_000 + zlib.crc32(prefix.encode()) % 3_000_000
+    slave_id = 100_000 + zlib.crc32(prefix.encode()) % 3_000_000 * 16  # room for 16 names
     nodes: list[BenchNode] = []
     for i in range(1, n + 1):
         port = free_port()
-        cfg = _config(ctx, f"node{i}", port, prefix, slave_id, **extra)
+        cfg = _config(ctx, f"node{i}", port, prefix, slave_id, names, **extra)
         path = ctx.workdir / "nodes" / label / f"node{i}.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(render_toml(cfg))

@@ -83,7 +83,7 @@ def _throughput_table(result: dict[str, Any]) -> list[str]:
     head = f"{'part':<44} {'status':<11} {'rows/s':>11} {'/py-repl':>9} {'/C':>7}  notes"
     lines = [head, "-" * len(head)]
     for name, rec in parts.items():
-        if name in ("latency", "failover", "node_rss"):
+        if name in ("latency", "failover", "node_rss", *_SCALE):
             continue
         rate = _rate(rec)
         r = rat.get(name, {})
@@ -124,10 +124,65 @@ def _rss_lines(rec: dict[str, Any]) -> list[str]:
     ]
 
 
+def _handover_lines(rec: dict[str, Any]) -> list[str]:
+    lines = []
+    for key, what in (("sigterm", "rolling restart (SIGTERM)"), ("step_down", "step-down")):
+        s = rec[key]
+        lines.append(
+            f"  {what}: stall median {s['median_ms']:.0f} ms, max {s['max_ms']:.0f} ms over "
+            f"{len(s['stalls_ms'])} handovers"
+        )
+    lines.append(
+        f"  rows written {rec['rows_written']:,}, duplicates {rec['duplicate_rows']}, "
+        f"lost {rec['lost_rows']}"
+    )
+    return lines
+
+
+def _curve_lines(rec: dict[str, Any]) -> list[str]:
+    return [
+        f"  {r['consumers']:>2} consumers: {r['aggregate_rows_per_s']:>9,} rows/s aggregate, "
+        f"{r['per_client_rows_per_s']:>9,} per client (median), node CPU "
+        f"{r['node_cpu_cores']:.2f} cores"
+        for r in rec["runs"]
+    ]
+
+
+def _idle_lines(rec: dict[str, Any]) -> list[str]:
+    lines = [
+        f"  {r['destinations']:>2} destinations: RSS {r['rss_bytes'] / 2**20:.1f} MiB, CPU "
+        f"{r['cpu_percent']:.2f}%, {r['threads']} threads"
+        for r in rec["runs"]
+    ]
+    lines.append(
+        f"  per destination: {rec['rss_per_destination_bytes'] / 2**20:.2f} MiB, "
+        f"{rec['cpu_percent_per_destination']:.3f}% CPU"
+    )
+    return lines
+
+
+def _settle_lines(rec: dict[str, Any]) -> list[str]:
+    lines = [
+        f"  {p['phase']}: {p['leaders']} after {p['seconds']:.1f} s, {p['moves']} handovers"
+        for p in rec["phases"]
+    ]
+    lines.append(
+        f"  settled: {rec['moves_in_quiet_window']} handovers in {rec['quiet_window_s']:g} s"
+    )
+    return lines
+
+
+_SCALE = ("settle", "handover", "scale_clients", "scale_destinations", "idle_cost")
+
+
 def render_table(result: dict[str, Any]) -> str:
     """The human-readable summary printed at the end of a run."""
     lines = [*_machine_lines(result), "", *_throughput_table(result)]
-    render = {"latency": _latency_lines, "failover": _failover_lines, "node_rss": _rss_lines}
+    render = {
+        "latency": _latency_lines, "failover": _failover_lines, "node_rss": _rss_lines,
+        "settle": _settle_lines, "handover": _handover_lines, "scale_clients": _curve_lines,
+        "scale_destinations": _curve_lines, "idle_cost": _idle_lines,
+    }  # fmt: skip
     for name, fn in render.items():
         rec = result.get("parts", {}).get(name)
         if rec is None:

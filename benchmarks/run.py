@@ -27,7 +27,13 @@ The JSON document::
               trials_s, median_s, max_s, election; node_rss rss_before_bytes,
               rss_after_bytes, bytes_per_row, store_bytes_per_row; snapshot table_rows,
               rows_per_s (end to end), mariadb_dump_rows_per_s, pymysql_loop_rows_per_s,
-              vs_mariadb_dump, vs_pymysql_loop, their runs}}
+              vs_mariadb_dump, vs_pymysql_loop, their runs; handover
+              sigterm/step_down {stalls_ms, median_ms, max_ms}, duplicate_rows,
+              lost_rows; settle phases[] with phase, leaders, seconds, moves,
+              moves_in_quiet_window; scale_clients / scale_destinations runs[] with
+              consumers, aggregate_rows_per_s, per_client_rows_per_s, node_cpu_cores; idle_cost
+              runs[] with destinations, rss_bytes, cpu_percent, and the per-destination
+              slopes}}
     ratios    {name: {vs_mysql_replication, vs_c_decoder}} for every part with rows/s
     started_at, duration_s
 """
@@ -48,7 +54,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import bench_node, bench_readers, bench_snapshot, bench_spark
+from benchmarks import bench_node, bench_readers, bench_scale, bench_snapshot, bench_spark
 from benchmarks.bench_common import REPO, Context, Part, machine_info, run_part, write_result
 from benchmarks.bench_data import generate
 from benchmarks.bench_report import ratios, render_table
@@ -70,6 +76,15 @@ PARTS: tuple[Part, ...] = (
     Part("failover", "failover: leader SIGKILL -> first batch", bench_node.failover),
     Part("node_rss", "node RSS, rows buffered (not acked)", bench_node.node_rss),
     Part("snapshot", "snapshot: node -> REST msgpack -> client", bench_snapshot.snapshot),
+    Part("settle", "fair share: 9 destinations on 3 nodes", bench_scale.settle),
+    Part("handover", "graceful handover: consumer stall", bench_scale.handover),
+    Part("scale_clients", "cost curve: clients on one destination", bench_scale.scale_clients),
+    Part(
+        "scale_destinations",
+        "cost curve: destinations on one node",
+        bench_scale.scale_destinations,
+    ),
+    Part("idle_cost", "cost curve: idle destinations on one node", bench_scale.idle_cost),
 )
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "latest.json"
 
@@ -93,6 +108,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--snapshot-rows", type=int, default=1_000_000, help="rows of the snapshot part's table"
     )
+    p.add_argument("--handovers", type=int, default=20, help="SIGTERM steps, and step-downs")
+    p.add_argument("--scale-clients", default="1,4,16", help="client counts (scale_clients)")
+    p.add_argument(
+        "--scale-destinations", default="1,4,16", help="destination counts (scale_*, idle_cost)"
+    )
+    p.add_argument("--idle-seconds", type=float, default=10.0, help="idle_cost sample (s)")
     p.add_argument("--spark-example", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
@@ -143,6 +164,10 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "failover_ttl_s": args.failover_ttl,
         "failover_switch_delay_s": args.failover_switch_delay,
         "spark_example": str(args.spark_example or ""),
+        "handovers": args.handovers,
+        "scale_clients": args.scale_clients,
+        "scale_destinations": args.scale_destinations,
+        "idle_seconds": args.idle_seconds,
     }
 
 

@@ -16,7 +16,8 @@ Every cluster gets its own etcd prefix (``nodes[0].prefix``) and replication sla
 so clusters of different tests never see each other. Election timing is small
 (ttl 3 s, switch delay 1 s, flush 200 ms) so failovers are quick; override with
 ``start_nodes(..., election={"ttl_s": 6}, meta={...}, auth={"tokens": [...]},
-tls={"cert_file": ..., "key_file": ...}, destination={"filter": {"regex": ...}})``.
+tls={"cert_file": ..., "key_file": ...}, destination={"filter": {"regex": ...}})``;
+several destinations (the same settings, each its own slave id): ``names=["d1", "d2"]``.
 
 Each node reads the sandbox primary from its current end: write rows only after
 ``wait_leader`` returned (it waits until the leader's reader runs).
@@ -143,9 +144,11 @@ def node_config(
     prefix: str,
     slave_id: int,
     destination_name: str = DEST,
+    names: Sequence[str] = (),
     **overrides: dict[str, Any],
 ) -> dict[str, Any]:
-    """The config dict of one node (render with ``canal_server.config.render_toml``)."""
+    """The config dict of one node (render with ``canal_server.config.render_toml``);
+    ``names``: several destinations instead of ``destination_name``."""
     dsn = sandbox.primary.dsn()
     dest: dict[str, Any] = {
         "master": {"address": f"{dsn['host']}:{dsn['port']}"},
@@ -166,6 +169,10 @@ def node_config(
     for section, values in overrides.items():
         config[section] = {**config.get(section, {}), **values}
     config["destinations"] = {destination_name: dest}
+    if names:
+        config["destinations"] = {
+            n: {**dest, "slave_id": slave_id + i} for i, n in enumerate(names)
+        }
     return config
 
 
@@ -176,9 +183,11 @@ def start_nodes(
     *,
     destination_name: str = DEST,
     wait: bool = True,
+    names: Sequence[str] = (),
     **overrides: dict[str, Any],
 ) -> list[NodeProc]:
-    """Start ``n`` nodes (one destination) and wait until each answers /v1/health."""
+    """Start ``n`` nodes (one destination, or ``names``) and wait until each answers
+    /v1/health."""
     run = next(_counter)
     prefix = f"/t{uuid.uuid4().hex[:12]}"
     slave_id = random.randint(100_000, 4_000_000)
@@ -189,7 +198,9 @@ def start_nodes(
     for i in range(1, n + 1):
         node_id = f"node{i}"
         port = free_port()
-        cfg = node_config(sandbox, node_id, port, prefix, slave_id, destination_name, **overrides)
+        cfg = node_config(
+            sandbox, node_id, port, prefix, slave_id, destination_name, names, **overrides
+        )
         path = tmp_path / f"cluster{run}" / f"{node_id}.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(render_toml(cfg))
@@ -197,9 +208,8 @@ def start_nodes(
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
         proc = ManagedProcess(f"node-{run}-{node_id}", argv, path.with_suffix(".log"), env=env)
         url = cfg["node"]["advertise_url"]
-        nodes.append(
-            NodeProc(node_id, port, url, path, proc, prefix, destination_name, tokens[0], verify)
-        )
+        first = names[0] if names else destination_name
+        nodes.append(NodeProc(node_id, port, url, path, proc, prefix, first, tokens[0], verify))
         proc.start()
     try:
         for node in nodes if wait else ():

@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from canal_ha import consume, sandbox_cli, server_cli, snapshot_cli
+from canal_ha import consume, sandbox_cli, server_cli, snapshot_cli, step_down
 from canal_ha.args import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
 from canal_protocol.errors import (
     CanalError,
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (sandbox_cli, server_cli, consume, snapshot_cli):
+    for module in (sandbox_cli, server_cli, consume, snapshot_cli, step_down):
         module.register(sub)
     return parser
 

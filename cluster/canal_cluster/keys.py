@@ -4,6 +4,7 @@
 
     {p}/cluster/{node}                              node record, node lease
     {p}/destinations/{d}/running                    leader record, leader lease
+    {p}/destinations/{d}/handover                   successor named by a handover, short lease
     {p}/destinations/{d}/cluster/{node}             nodes able to serve d, node lease
     {p}/destinations/{d}/{client}/running           active consumer of that client id
     {p}/destinations/{d}/{client}/subscription      filter
@@ -76,6 +77,10 @@ class Keys:
     def running(self, destination: str) -> str:
         """The leader record of ``destination``."""
         return f"{self.destination_prefix(destination)}running"
+
+    def handover(self, destination: str) -> str:
+        """The successor a leader named when it handed ``destination`` over (RunningMonitor)."""
+        return f"{self.destination_prefix(destination)}handover"
 
     def origin(self, destination: str) -> str:
         """Where the destination's history starts (the first leader's start position)."""

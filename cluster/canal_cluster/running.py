@@ -18,7 +18,14 @@ running key fires. Rules:
   stale record (earlier incarnation, lapsed lease) deletes it and campaigns at once;
 - a writer whose fenced write failed calls ``report_fenced(epoch)``: step down;
 - ``stop()`` releases: callbacks first (a final flush still holds the epoch), then
-  the key is deleted if it is still ours and the lease revoked.
+  the key is deleted if it is still ours and the lease revoked;
+- graceful handover (``hand_over(to)``, or the ``Placement`` finding this node over its
+  fair share): callbacks first (final flush), then one fenced transaction deletes the
+  key and writes the handover key naming the successor (short lease). While that key
+  exists the named node campaigns at once (``TOOK_OVER``) and every other node,
+  the old leader included, waits (``WAITING_HANDOVER``);
+- with a ``Placement`` a follower about to campaign for a free key lets a node under
+  its fair share go first (``DEFERRED``, bounded), and a leaving node never campaigns.
 
 ``on_gained(epoch)`` / ``on_lost(epoch)`` run on the monitor thread and should be
 quick (start or stop work elsewhere); ``is_leader()`` is already true while
@@ -38,20 +45,41 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
-from canal_cluster.coordinator import Coordinator, KeyValue, Lease, Watch, WatchEvent
+from canal_cluster.coordinator import (
+    Coordinator,
+    Delete,
+    KeyValue,
+    Lease,
+    Op,
+    Put,
+    Watch,
+    WatchEvent,
+)
 from canal_cluster.keys import Keys, validate_id
-from canal_protocol.errors import ConfigError, CoordinatorUnavailable, Fenced
+from canal_protocol.errors import (
+    CanalError,
+    ConfigError,
+    CoordinationError,
+    CoordinatorUnavailable,
+    Fenced,
+    HandoverFailed,
+)
 
 __all__ = [
     "ElectionConfig",
     "EpochCallback",
+    "HandoverHint",
+    "HandoverTarget",
     "MonitorEvent",
+    "Placement",
     "Reason",
     "RunningInfo",
     "RunningMonitor",
     "client_running_monitor",
+    "read_handover",
     "read_running",
     "server_running_monitor",
 ]
@@ -76,10 +104,19 @@ class Reason(enum.Enum):
     ETCD_UNAVAILABLE = "etcd_unavailable"  # not leader and etcd unreachable
     ACTIVATION_FAILED = "activation_failed"  # on_gained raised: released the key
     RELEASED = "released"  # graceful stop (key deleted if still ours)
+    HANDED_OVER = "handed_over"  # leader, asked (step-down, node leaving): successor named
+    REBALANCED = "rebalanced"  # leader over its fair share: handed over to a node under it
+    HANDOVER_FAILED = "handover_failed"  # etcd did not take the handover: key expires by TTL
+    TOOK_OVER = "took_over"  # a handover named us: campaigned at once and won
+    WAITING_HANDOVER = "waiting_handover"  # key gone, a handover names another node
+    DEFERRED = "deferred"  # key free, at our fair share: a node under it goes first
+    LEAVING = "leaving"  # this node is leaving: no campaign
 
 
 _STEP_DOWN = frozenset({Reason.LOST, Reason.FENCED, Reason.STALE_EPOCH})
-_GAINED = frozenset({Reason.WON, Reason.RECAMPAIGN_AS_PREVIOUS_OWNER})
+_GAINED = frozenset({Reason.WON, Reason.RECAMPAIGN_AS_PREVIOUS_OWNER, Reason.TOOK_OVER})
+_HANDED = frozenset({Reason.HANDED_OVER, Reason.REBALANCED, Reason.HANDOVER_FAILED})
+_ENDED = _STEP_DOWN | _HANDED | {Reason.RELEASED, Reason.ACTIVATION_FAILED}
 
 
 @dataclass(frozen=True)
@@ -135,13 +172,83 @@ def read_running(coordinator: Coordinator, key: str) -> RunningInfo | None:
 
 
 @dataclass(frozen=True)
+class HandoverHint:
+    """The handover key: ``source`` (node) handed ``epoch`` over to ``to`` because ``why``."""
+
+    source: str
+    to: str
+    epoch: int
+    why: str = ""
+
+    def to_bytes(self) -> bytes:
+        data = {"from": self.source, "to": self.to, "epoch": self.epoch, "why": self.why}
+        return json.dumps(data).encode()
+
+    @classmethod
+    def from_kv(cls, kv: KeyValue) -> HandoverHint | None:
+        try:
+            data = json.loads(kv.value)
+            return cls(
+                str(data["from"]), str(data["to"]), int(data["epoch"]), str(data.get("why", ""))
+            )
+        except (ValueError, TypeError, KeyError):
+            return None  # unreadable: ignored (it expires with its lease)
+
+
+def read_handover(coordinator: Coordinator, key: str) -> HandoverHint | None:
+    """The handover recorded at ``key`` (``Keys.handover``), or None."""
+    kv = coordinator.get(key)
+    return HandoverHint.from_kv(kv) if kv is not None else None
+
+
+@dataclass(frozen=True)
+class HandoverTarget:
+    """Where a ``Placement`` wants a destination to go, and why (logged, recorded)."""
+
+    node: str
+    why: str
+
+
+class Placement(Protocol):
+    """Where leaders should be, asked by a server monitor's cycle (node.py wires one
+    ``canal_cluster.balance.Balancer`` per node; see there)."""
+
+    def leaving(self) -> bool:
+        """The node is leaving: never campaign."""
+
+    def surplus(self, led_for_s: float) -> HandoverTarget | None:
+        """Leader (for ``led_for_s``): hand over to whom and why, None to keep leading."""
+
+    def defer(self, waited_s: float) -> str | None:
+        """Follower about to campaign for a free key (free for ``waited_s`` beyond the
+        switch delay): why to let another node take it first, None to campaign now."""
+
+
+@dataclass(frozen=True)
 class MonitorEvent:
-    """One recorded decision; ``seq`` orders events across monitors of this process."""
+    """One recorded decision; ``seq`` orders events across monitors of this process;
+    ``detail`` says why for the balancing and handover decisions."""
 
     seq: int
     reason: Reason
     epoch: int | None
     at: float
+    detail: str = ""
+
+
+@dataclass
+class _HandoverRequest:
+    """A ``hand_over`` call waiting for the monitor's cycle to act on it."""
+
+    to: str
+    why: str
+    done: threading.Event = field(default_factory=threading.Event)
+    epoch: int | None = None
+    error: CanalError | None = None
+
+    def finish(self, epoch: int | None = None, error: CanalError | None = None) -> None:
+        self.epoch, self.error = epoch, error
+        self.done.set()
 
 
 class RunningMonitor:
@@ -157,6 +264,9 @@ class RunningMonitor:
         on_gained: EpochCallback | None = None,
         on_lost: EpochCallback | None = None,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        handover_key: str | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.config = (config or ElectionConfig()).validate(coordinator.timeout_s)
         self.key = key
@@ -185,6 +295,12 @@ class RunningMonitor:
         self._release_on_stop = True
         self._thread: threading.Thread | None = None
         self._watch: Watch | None = None
+        self._handover_key = handover_key  # None: no graceful handovers (client monitors)
+        self._placement = placement
+        self._request: _HandoverRequest | None = None
+        self._gained_at = 0.0
+        self._detail = ""  # why, for the event the current cycle records
+        self._handing_to: str | None = None  # successor of a handover not yet seen leading
 
     # -- what the server / client asks ------------------------------------------------
 
@@ -204,6 +320,15 @@ class RunningMonitor:
         with self._state:
             return self._valid_until
 
+    def campaigning(self) -> bool:
+        """A campaign of ours is in flight (etcd may already show us as the holder)."""
+        return self._pending is not None
+
+    def handing_to(self) -> str | None:
+        """The node this monitor is handing over to (or handed over to and has not yet
+        seen leading): answers can send clients there instead of asking them to wait."""
+        return self._handing_to
+
     def history(self) -> list[MonitorEvent]:
         with self._state:
             return list(self._history)
@@ -215,6 +340,38 @@ class RunningMonitor:
                 self._stale_report = epoch
                 self._valid_until = float("-inf")
         self._wake.set()
+
+    def hand_over(self, to: str, why: str = "requested", timeout_s: float | None = None) -> int:
+        """Hand the lead over to node ``to`` now (step-down): the cycle stops leading
+        (``on_lost``: final flush), then deletes the key and names ``to`` in the
+        handover key in one fenced transaction. Returns the epoch handed over;
+        ``HandoverFailed`` when this monitor does not lead, etcd did not take it, or
+        the cycle did not get to it within ``timeout_s``."""
+        validate_id(to, "to")
+        if to == self.node:
+            raise HandoverFailed(f"{self.key}: cannot hand over to this node ({to})")
+        if self._handover_key is None:
+            raise HandoverFailed(f"{self.key}: this monitor does not hand over")
+        if self._stop.is_set():
+            raise HandoverFailed(f"{self.key}: the monitor of node {self.node} is stopping")
+        request = _HandoverRequest(to, why)
+        with self._state:
+            if self._request is not None:
+                raise HandoverFailed(f"{self.key}: a handover is already under way")
+            self._request = request
+        self._wake.set()
+        if self._thread is None:  # driven by cycle() only (tests)
+            self.cycle(self._clock())
+        wait = timeout_s if timeout_s is not None else 2 * self._coord.timeout_s + 5
+        if not request.done.wait(wait):
+            with self._state:
+                if self._request is request:
+                    self._request = None
+            raise HandoverFailed(f"{self.key}: the handover to {to} did not start in {wait:g}s")
+        if request.error is not None:
+            raise request.error
+        assert request.epoch is not None
+        return request.epoch
 
     # -- thread ------------------------------------------------------------------------
 
@@ -264,7 +421,7 @@ class RunningMonitor:
         now = self._clock()
         if self._epoch is not None:
             delay = min(delay, self._valid_until - now)
-        if self._absent_since is not None:
+        if reason is Reason.WAITING_SWITCH_DELAY and self._absent_since is not None:
             delay = min(delay, self._absent_since + self.config.switch_delay_s - now)
         return max(delay, 0.01)
 
@@ -273,14 +430,27 @@ class RunningMonitor:
     def cycle(self, now: float) -> Reason:
         """Decide and act once; returns why. Safe to call from tests without start()."""
         with self._cycle_lock:
+            self._detail = ""
             if self._stop.is_set() and self._release_on_stop:
                 reason = self._release()
             elif self._epoch is not None:
                 reason = self._leader_cycle(now)
             else:
                 reason = self._follower_cycle(now)
+            if self._epoch is None:  # a request made meanwhile waits for the next cycle
+                self._fail_request(f"{self.key}: node {self.node} does not lead it")
             self._record(reason, now)
         return reason
+
+    def _take_request(self) -> _HandoverRequest | None:
+        with self._state:
+            request, self._request = self._request, None
+        return request
+
+    def _fail_request(self, message: str) -> None:
+        request = self._take_request()
+        if request is not None:
+            request.finish(error=HandoverFailed(message))
 
     def _leader_cycle(self, now: float) -> Reason:
         assert self._epoch is not None and self._lease is not None
@@ -288,6 +458,9 @@ class RunningMonitor:
             return self._step_down(Reason.STALE_EPOCH)
         if now >= self._valid_until:
             return self._step_down(Reason.FENCED)
+        request = self._take_request()
+        if request is not None:
+            return self._hand_over(request.to, Reason.HANDED_OVER, request.why, request)
         try:
             self._coord.keepalive(self._lease)
         except Fenced:
@@ -298,7 +471,49 @@ class RunningMonitor:
             return Reason.KEEPALIVE_FAILED
         self._extend(now)
         self.keepalives_ok += 1
-        return self._check_still_ours()
+        reason = self._check_still_ours()
+        if reason is Reason.STILL_LEADER and self._placement is not None:
+            target = self._placement.surplus(now - self._gained_at)
+            if target is not None:
+                return self._hand_over(target.node, Reason.REBALANCED, target.why)
+        return reason
+
+    def _hand_over(
+        self, to: str, reason: Reason, why: str, request: _HandoverRequest | None = None
+    ) -> Reason:
+        """Stop leading (callback first: the final flush still holds the epoch), then
+        delete the key and name ``to`` in the handover key, fenced by our epoch."""
+        assert self._handover_key is not None
+        with self._state:
+            epoch, lease = self._epoch, self._lease
+            self._epoch, self._lease = None, None
+            self._valid_until = float("-inf")
+            self._stale_report = None
+            self._handing_to = to
+        assert epoch is not None and lease is not None
+        self._event_epoch, self._detail = epoch, f"to {to}: {why}"
+        log.info(
+            "%s: %s, handing over to node %s: %s (node %s, epoch %d)",
+            self.key, reason.value, to, why, self.node, epoch,
+        )  # fmt: skip
+        self._notify(self._on_lost, epoch, "on_lost")
+        self._stale_leases.append(lease)  # revoked below, or expires: the key goes with it
+        error: CanalError | None = None
+        try:
+            hint = HandoverHint(self.node, to, epoch, why).to_bytes()
+            hint_lease = self._coord.grant_lease(self.config.ttl_s)
+            ops: list[Op] = [Put(self._handover_key, hint, hint_lease), Delete(self.key)]
+            self._coord.fenced_txn(self.key, epoch, ops)
+            self._last_holder, self._absent_since = to, None
+        except CoordinationError as exc:  # Fenced: no longer ours anyway; else expires by TTL
+            error = HandoverFailed(f"{self.key}: handover of epoch {epoch} to {to} failed: {exc}")
+            log.warning("%s (node %s)", error, self.node)
+            reason, self._last_holder, self._handing_to = Reason.HANDOVER_FAILED, "", None
+        with contextlib.suppress(CoordinatorUnavailable):
+            self._revoke_stale()
+        if request is not None:
+            request.finish(epoch, error)
+        return reason
 
     def _extend(self, started: float) -> None:
         assert self._lease is not None
@@ -353,6 +568,7 @@ class RunningMonitor:
 
     def _observe_holder(self, kv: KeyValue, now: float) -> Reason:
         self._absent_since = None
+        self._handing_to = None
         if self._pending is not None and kv.lease == self._pending[0].id:
             lease, granted_at = self._pending  # our campaign won though the reply was lost
             self._pending = None
@@ -368,20 +584,43 @@ class RunningMonitor:
 
     def _key_absent(self, now: float) -> Reason:
         self._drop_pending()
-        if self._last_holder is None or self._last_holder == self.node:
-            return self._campaign(now)
+        hint = self._handover_hint()
+        leaving = self._placement is not None and self._placement.leaving()
+        if hint is not None and hint.to == self.node and not leaving:
+            self._detail = f"from {hint.source} (epoch {hint.epoch}): {hint.why}"
+            return self._campaign(now, Reason.TOOK_OVER)
         if self._absent_since is None:
             self._absent_since = now
-        if now - self._absent_since < self.config.switch_delay_s:
-            return Reason.WAITING_SWITCH_DELAY
+        if leaving:  # named or not: the handover expires and the others campaign
+            return Reason.LEAVING
+        if hint is not None:
+            self._detail = f"{hint.source} handed epoch {hint.epoch} to {hint.to}"
+            return Reason.WAITING_HANDOVER
+        self._handing_to = None  # the handover expired: whoever campaigns now
+        if self._last_holder is not None and self._last_holder == self.node:
+            return self._campaign(now)  # the previous owner: at once
+        waited = now - self._absent_since
+        if self._last_holder is not None:  # someone else held it: the switch delay first
+            if waited < self.config.switch_delay_s:
+                return Reason.WAITING_SWITCH_DELAY
+            waited -= self.config.switch_delay_s
+        why = self._placement.defer(waited) if self._placement is not None else None
+        if why is not None:
+            self._detail = why
+            return Reason.DEFERRED
         return self._campaign(now)
+
+    def _handover_hint(self) -> HandoverHint | None:
+        if self._handover_key is None:
+            return None
+        return read_handover(self._coord, self._handover_key)
 
     def _drop_pending(self) -> None:
         if self._pending is not None:
             self._stale_leases.append(self._pending[0])
             self._pending = None
 
-    def _campaign(self, now: float) -> Reason:
+    def _campaign(self, now: float, why: Reason | None = None) -> Reason:
         previous_owner = self._last_holder == self.node
         granted_at = self._clock()
         lease = self._coord.grant_lease(self.config.ttl_s)
@@ -393,7 +632,7 @@ class RunningMonitor:
             self._last_holder = RunningInfo.from_kv(result.holder).node if result.holder else ""
             self._absent_since = None
             return Reason.OTHER_LEADER
-        reason = Reason.RECAMPAIGN_AS_PREVIOUS_OWNER if previous_owner else Reason.WON
+        reason = why or (Reason.RECAMPAIGN_AS_PREVIOUS_OWNER if previous_owner else Reason.WON)
         return self._activate(result.epoch, lease, granted_at, reason)
 
     def _activate(self, epoch: int, lease: Lease, granted_at: float, reason: Reason) -> Reason:
@@ -404,15 +643,26 @@ class RunningMonitor:
             self._stale_report = None
         self._last_holder = self.node
         self._absent_since = None
+        self._gained_at = granted_at
         log.info("%s: %s, leading (node %s, epoch %d)", self.key, reason.value, self.node, epoch)
+        if reason is Reason.TOOK_OVER:  # the hint has served: the others need not wait for it
+            self._clear_handover(epoch)
         if self._notify(self._on_gained, epoch, "on_gained"):
             return reason
         self._release()
         self._last_holder = ""  # let the others try first: we wait the switch delay
         return Reason.ACTIVATION_FAILED
 
+    def _clear_handover(self, epoch: int) -> None:
+        assert self._handover_key is not None
+        try:
+            self._coord.fenced_txn(self.key, epoch, [Delete(self._handover_key)])
+        except CoordinationError as exc:  # it expires with its lease
+            log.debug("%s: handover key not deleted (epoch %d): %s", self.key, epoch, exc)
+
     def _release(self) -> Reason:
         """Stop leading (callback first, while the epoch is still valid), delete our key."""
+        self._detail = ""
         with self._state:
             epoch, lease = self._epoch, self._lease
             self._epoch, self._lease = None, None
@@ -445,15 +695,17 @@ class RunningMonitor:
 
     def _record(self, reason: Reason, now: float) -> None:
         epoch = self._epoch
-        if epoch is None and reason in _STEP_DOWN | {Reason.RELEASED, Reason.ACTIVATION_FAILED}:
+        if epoch is None and reason in _ENDED:
             epoch = self._event_epoch
-        if reason is self._last_reason and reason not in _GAINED | _STEP_DOWN:
+        if reason is self._last_reason and reason not in _GAINED | _ENDED:
             return
-        if reason not in (Reason.STILL_LEADER, Reason.OTHER_LEADER):
+        if reason in (Reason.DEFERRED, Reason.WAITING_HANDOVER):
+            log.info("%s: %s: %s (node %s)", self.key, reason.value, self._detail, self.node)
+        elif reason not in (Reason.STILL_LEADER, Reason.OTHER_LEADER):
             log.debug("%s: %s (node %s, epoch %s)", self.key, reason.value, self.node, epoch)
         with self._state:
             self._last_reason = reason
-            self._history.append(MonitorEvent(next(_SEQ), reason, epoch, now))
+            self._history.append(MonitorEvent(next(_SEQ), reason, epoch, now, self._detail))
 
 
 def server_running_monitor(
@@ -465,10 +717,15 @@ def server_running_monitor(
     config: ElectionConfig | None = None,
     on_gained: EpochCallback | None = None,
     on_lost: EpochCallback | None = None,
+    placement: Placement | None = None,
 ) -> RunningMonitor:
-    """ServerRunningMonitor: the leader of ``destination``."""
+    """ServerRunningMonitor: the leader of ``destination`` (hands over gracefully; with a
+    ``placement``, keeps the destinations spread over the nodes)."""
     key = keys.running(destination)
-    return RunningMonitor(coordinator, key, node, url, config, on_gained, on_lost)
+    return RunningMonitor(
+        coordinator, key, node, url, config, on_gained, on_lost,
+        handover_key=keys.handover(destination), placement=placement,
+    )  # fmt: skip
 
 
 def client_running_monitor(

@@ -30,7 +30,9 @@
     ├── CoordinationError           etcd and elections
     │   ├── CoordinatorUnavailable  etcd cannot be reached right now
     │   │   └── CoordinatorAccessDenied  etcd refuses us: TLS, user/password or role (names the key)
-    │   └── Fenced                  our epoch is stale or our lease lapsed: step down
+    │   ├── Fenced                  our epoch is stale or our lease lapsed: step down
+    │   └── HandoverFailed          a graceful handover (step-down) could not be done (409)
+    │       └── HandoverTimeout     handed over, but the successor did not take over in time (503)
     └── ClientError                 (canal_client) a call to the servers could not complete
         ├── ServerUnreachable       connection refused/reset, timeout (transport)
         ├── LeaderUnavailable       503 / no leader known yet (``retry_after_s``)
@@ -56,6 +58,8 @@ __all__ = [
     "CoordinatorAccessDenied",
     "CoordinatorUnavailable",
     "Fenced",
+    "HandoverFailed",
+    "HandoverTimeout",
     "InvalidArgument",
     "LeaderUnavailable",
     "NotSubscribed",
@@ -222,6 +226,16 @@ class CoordinatorAccessDenied(CoordinatorUnavailable):
 
 class Fenced(CoordinationError):
     """Our epoch is stale or our lease lapsed: stop serving and writing."""
+
+
+class HandoverFailed(CoordinationError):
+    """A graceful handover could not be done: this node does not lead the destination,
+    no other node can take it, or etcd did not take the handover."""
+
+
+class HandoverTimeout(HandoverFailed):
+    """The leader handed the destination over, but the successor did not lead it in time
+    (the handover expires with its lease and the other nodes campaign)."""
 
 
 class BatchUnavailable(ServerError):

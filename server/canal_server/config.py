@@ -23,6 +23,10 @@ Layout (keys follow Canal's instance.properties where one exists)::
     safety_margin_s = 2.0                 # fence this long before the lease could expire
     loop_interval_s = 1.0
 
+    [balance]
+    enable = true                         # keep at most ceil(D / N) leaders per node
+    hold_s = 10.0                         # a destination stays this long before it moves
+
     [meta]
     flush_period_ms = 1000
 
@@ -227,6 +231,11 @@ class ElectionSection(_Section):
         )
 
 
+class BalanceSection(_Section):
+    enable: bool = True
+    hold_s: float = Field(default=10.0, ge=0)
+
+
 class MetaSection(_Section):
     flush_period_ms: int = Field(default=1000, gt=0, le=3_600_000)
 
@@ -420,6 +429,7 @@ class NodeConfig(_Section):
     node: NodeSection
     etcd: EtcdSection = EtcdSection()
     election: ElectionSection = ElectionSection()
+    balance: BalanceSection = BalanceSection()
     meta: MetaSection = MetaSection()
     auth: AuthSection = AuthSection()
     tls: TlsSection = TlsSection()

@@ -5,17 +5,22 @@
 * registers ``{p}/cluster/{node}`` and ``{p}/destinations/{d}/cluster/{node}`` under a
   node lease kept alive by a thread; after an outage (lease expired) it grants a new
   lease and registers again;
-* builds one ``Instance`` per destination and its server RunningMonitor;
+* builds one ``Instance`` per destination and its server RunningMonitor, which keeps
+  the leaders spread over the nodes (a ``Balancer``, ``[balance]``);
 * keeps a cache of each destination's leader record (a watch on its running key,
   refreshed by the registration loop), for the standby redirect.
 
-``stop()`` releases every destination (final meta flush while the epoch holds),
-revokes the node lease and closes the coordinator. ``close_serving()`` is the quick
-first half (SIGTERM): stop answering and parsing at once.
+``step_down(d, to)`` hands a led destination over to another node (the REST admin
+route). ``stop()`` hands every led destination over to the least loaded live node
+configured for it (graceful handover: final meta flush, then the successor takes over
+at once), releases the ones nobody else can take, revokes the node lease and closes
+the coordinator. ``begin_leaving()`` is the quick first half (SIGTERM): stop answering
+and parsing at once, mark the node record ``leaving`` and start the handovers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,11 +30,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from canal_cluster.balance import Balancer
 from canal_cluster.coordinator import Coordinator, Lease, Watch, WatchEvent, WatchEventType
 from canal_cluster.etcd_coordinator import EtcdCoordinator
 from canal_cluster.keys import Keys
+from canal_cluster.retry import wait_until
 from canal_cluster.running import RunningInfo, RunningMonitor, read_running, server_running_monitor
-from canal_protocol.errors import CoordinationError, Fenced, UnknownDestination
+from canal_protocol.errors import (
+    CoordinationError,
+    Fenced,
+    HandoverFailed,
+    HandoverTimeout,
+    RetryExhausted,
+    UnknownDestination,
+)
 from canal_server.config import NodeConfig
 from canal_server.instance import Instance, Role, build_instance
 from canal_server.metrics import ClientGauge, DestinationGauges, NodeMetrics, SnapshotGauge
@@ -76,6 +90,7 @@ class DestinationView:
     role: Role
     epoch: int  # ours when leading, else the known leader's (0 = unknown)
     leader: RunningInfo | None
+    handing_to: str | None = None  # this node is handing it over to that node
 
 
 class Node:
@@ -98,6 +113,17 @@ class Node:
         self._thread: threading.Thread | None = None
         self._etcd = EtcdProbe(lambda: self.coord.get(self.keys.node(self.id)))
         election = config.election.election_config()
+        self._leaving = False
+        self._leave_thread: threading.Thread | None = None
+        self._leave_lock = threading.Lock()
+        self._balance_thread: threading.Thread | None = None
+        self.balancer = Balancer(
+            self.coord, self.keys, self.id, self.led,
+            hold_s=config.balance.hold_s,
+            defer_s=max(election.switch_delay_s, 2 * election.loop_interval_s),
+            refresh_s=election.loop_interval_s,
+            handover_timeout_s=election.ttl_s,
+        )  # fmt: skip
         for name, dest in config.destinations.items():
             inst = build_instance(
                 dest,
@@ -109,6 +135,7 @@ class Node:
             monitor = server_running_monitor(
                 self.coord, self.keys, name, self.id, self.url, election,
                 on_gained=inst.on_gained, on_lost=inst.on_lost,
+                placement=self.balancer.placement(name) if config.balance.enable else None,
             )  # fmt: skip
             inst.attach(monitor)
             self.instances[name] = inst
@@ -126,6 +153,12 @@ class Node:
         self._refresh_leaders()
         self._thread = threading.Thread(target=self._keepalive_loop, name="node-lease", daemon=True)
         self._thread.start()
+        if self.config.balance.enable:
+            self.balancer.refresh()  # the first view before the first campaign
+            self._balance_thread = threading.Thread(
+                target=self.balancer.run, args=(self._stop,), name="balance-view", daemon=True
+            )
+            self._balance_thread.start()
         for monitor in self.monitors.values():
             monitor.start()
         log.info(
@@ -138,16 +171,61 @@ class Node:
         for inst in self.instances.values():
             inst.close_serving()
 
-    def stop(self) -> None:
-        """Release every destination, revoke the node lease, close etcd."""
+    def begin_leaving(self) -> None:
+        """SIGTERM: stop serving now; hand the led destinations over in the background
+        (``stop()`` waits for it)."""
         self.close_serving()
+        with self._leave_lock:
+            if self._leave_thread is None:
+                self._leave_thread = threading.Thread(
+                    target=self.leave, name="node-leave", daemon=True
+                )
+                self._leave_thread.start()
+
+    def leave(self) -> None:
+        """Mark the node record ``leaving`` (no node picks it any more), campaign for
+        nothing, and hand each led destination over to the least loaded live node
+        configured for it, all at once; what nobody can take is released by ``stop``."""
+        self._leaving = True
+        self.balancer.leave()
+        with contextlib.suppress(CoordinationError):  # else the others learn it at its end
+            self._put_records()
+        handovers = []
+        for name in sorted(self.led()):
+            t = threading.Thread(target=self._leave_one, args=(name,), name=f"leave {name}")
+            t.start()
+            handovers.append(t)
+        for t in handovers:
+            t.join(4 * self.coord.timeout_s + 5)
+
+    def _leave_one(self, name: str) -> None:
+        try:
+            successor = self.balancer.successor(name)
+            if successor is None:
+                log.info("%s: no other node configures it: released at stop", name)
+                return
+            epoch = self.monitors[name].hand_over(successor, f"node {self.id} is leaving")
+            log.info(
+                "%s: handed over to node %s (node %s, epoch %d)", name, successor, self.id, epoch
+            )
+        except CoordinationError as exc:  # released (or expires) at stop instead
+            log.warning("%s: handover on leaving failed (node %s): %s", name, self.id, exc)
+
+    def stop(self) -> None:
+        """Hand every destination over (or release it), revoke the node lease, close etcd."""
+        self.close_serving()
+        if self._leave_thread is None:
+            self.leave()
+        else:
+            self._leave_thread.join(4 * self.coord.timeout_s + 5)
         self._stop.set()
         for monitor in self.monitors.values():
             monitor.stop(release=True)
         for w in self._watches:
             w.cancel()
-        if self._thread is not None:
-            self._thread.join(4 * self.coord.timeout_s + 5)
+        for thread in (self._thread, self._balance_thread):
+            if thread is not None:
+                thread.join(4 * self.coord.timeout_s + 5)
         lease, self._lease = self._lease, None
         if lease is not None:
             try:
@@ -160,21 +238,29 @@ class Node:
     # -- registration ----------------------------------------------------------------------
 
     def _record(self) -> bytes:
-        data = {
+        data: dict[str, Any] = {
             "node": self.id,
             "url": self.url,
             "pid": os.getpid(),
             "destinations": list(self.instances),
         }
+        if self._leaving:
+            data["leaving"] = True
         return json.dumps(data).encode()
+
+    def _put_records(self, lease: Lease | None = None) -> None:
+        lease = lease or self._lease
+        if lease is None:
+            return
+        value = self._record()
+        self.coord.register(self.keys.node(self.id), value, lease)
+        for name in self.instances:
+            self.coord.register(self.keys.destination_node(name, self.id), value, lease)
 
     def _register(self) -> bool:
         try:
             lease = self.coord.grant_lease(self.config.election.ttl_s)
-            value = self._record()
-            self.coord.register(self.keys.node(self.id), value, lease)
-            for name in self.instances:
-                self.coord.register(self.keys.destination_node(name, self.id), value, lease)
+            self._put_records(lease)
         except CoordinationError as exc:
             self.metrics.etcd_errors.inc()
             log.warning("node %s: registration failed, will retry: %s", self.id, exc)
@@ -230,6 +316,59 @@ class Node:
                 self.metrics.etcd_errors.inc()
                 return
 
+    # -- handovers ---------------------------------------------------------------------------
+
+    def led(self) -> set[str]:
+        """The destinations this node leads right now."""
+        return {name for name, m in self.monitors.items() if m.is_leader()}
+
+    def step_down(
+        self, destination: str, to: str | None = None, timeout_s: float = 10.0
+    ) -> dict[str, Any]:
+        """Hand ``destination`` over to ``to`` (else the least loaded live node configured
+        for it) and wait until it leads: ``{destination, from, to, epoch, new_epoch,
+        took_ms}``. ``InvalidArgument("to")`` for a node that cannot take it,
+        ``HandoverFailed`` when this node does not lead it or no node can take it,
+        ``HandoverTimeout`` when the successor did not lead within ``timeout_s``."""
+        self.instance(destination)  # UnknownDestination
+        monitor = self.monitors[destination]
+        if monitor.leader_epoch() is None:
+            raise HandoverFailed(f"{destination}: node {self.id} does not lead it")
+        successor = self.balancer.successor(destination, to)
+        if successor is None:
+            raise HandoverFailed(f"{destination}: no other live node configures it")
+        started = time.monotonic()
+        epoch = monitor.hand_over(successor, f"step-down asked on node {self.id}", timeout_s)
+        log.info("%s: stepped down for node %s (node %s, epoch %d)", destination, successor,
+                 self.id, epoch)  # fmt: skip
+        remaining = max(0.1, timeout_s - (time.monotonic() - started))
+        new = self._await_leader(destination, successor, epoch, remaining)
+        return {
+            "destination": destination, "from": self.id, "to": successor, "epoch": epoch,
+            "new_epoch": new.epoch, "took_ms": round((time.monotonic() - started) * 1000, 1),
+        }  # fmt: skip
+
+    def _await_leader(
+        self, destination: str, successor: str, epoch: int, timeout_s: float
+    ) -> RunningInfo:
+        found: list[RunningInfo] = []
+
+        def leads() -> bool:
+            info = self._leaders.get(destination)
+            if info is not None and info.node == successor and info.epoch > epoch:
+                found[:] = [info]
+            return bool(found)
+
+        try:
+            wait_until(leads, f"{successor} leads {destination}", timeout_s, 0.005, 0.05)
+        except RetryExhausted:
+            raise HandoverTimeout(
+                f"{destination}: node {self.id} handed epoch {epoch} over to {successor}, which "
+                f"has not taken over within {timeout_s:.1f}s; the handover expires after "
+                f"{self.config.election.ttl_s:g}s and the other nodes campaign"
+            ) from None
+        return found[0]
+
     # -- what the API asks ----------------------------------------------------------------------
 
     def instance(self, destination: str) -> Instance:
@@ -242,11 +381,20 @@ class Node:
         inst = self.instance(destination)
         role, epoch = inst.role()
         leader = self._leaders.get(destination)
-        if role is Role.STANDBY and leader is not None and leader.node == self.id:
-            leader = None  # our own stale record: no usable leader yet
+        if role is Role.STANDBY:
+            monitor = self.monitors[destination]
+            ours = monitor.leader_epoch()
+            if ours is None and leader is not None and leader.node == self.id:
+                ours = leader.epoch  # just won (the monitor hears it in a moment), or stale
+            if ours is None and monitor.campaigning():
+                ours = 0  # etcd may name us already: moments either way
+            if ours is not None:
+                role, epoch = Role.STARTING, ours
+            if leader is not None and leader.node == self.id:
+                leader = None  # no usable leader elsewhere
         if epoch is None:
             epoch = leader.epoch if leader is not None else 0
-        return DestinationView(role, epoch, leader)
+        return DestinationView(role, epoch, leader, self.monitors[destination].handing_to())
 
     def epoch_of(self, destination: str) -> int:
         try:

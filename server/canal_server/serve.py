@@ -3,9 +3,10 @@
 Before serving, ``access.check_at_start``: etcd and the databases must let the node in
 with what it needs (a refusal ends the start naming the key; see ``canal_server.access``).
 
-SIGTERM / SIGINT: stop serving and parsing at once, let uvicorn finish the requests
-in flight (a few seconds at most), then release every destination (final meta
-flush while the epoch still holds), revoke the node lease and exit 0.
+SIGTERM / SIGINT: stop serving and parsing at once and hand every led destination
+over to another node (final meta flush while the epoch still holds; the successor
+takes over at once), let uvicorn finish the requests in flight (a few seconds at
+most), release what nobody could take, revoke the node lease and exit 0.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def run_node(config: NodeConfig) -> int:
         ssl_keyfile=config.tls.key_file or None,
         lifespan="off",
     )
-    uv = _NodeServer(uv_config, node.close_serving)
+    uv = _NodeServer(uv_config, node.begin_leaving)
     node.start()
     try:
         uv.run()

@@ -19,8 +19,9 @@
 Errors are ``{"error": code, "message": ..., "field"?: ..., "leader"?: ...}``:
 400 invalid_argument / bad_body, 413 payload_too_large (a body over 64 KiB), 401
 unauthorized, 404 unknown_destination / unknown_batch / not_found, 405
-method_not_allowed, 409 not_subscribed / batch_not_outstanding, 307 not_leader, 503
-no_leader / fenced / starting / unavailable / etcd_unavailable.
+method_not_allowed, 409 not_subscribed / batch_not_outstanding / handover_failed, 307
+not_leader, 503 no_leader / fenced / starting / unavailable / etcd_unavailable /
+handover_timeout.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.staticfiles import StaticFiles
 
-from canal_server.api import errors, routes_destinations, routes_docs, routes_node
+from canal_server.api import errors, routes_admin, routes_destinations, routes_docs, routes_node
 from canal_server.api import models as m
 from canal_server.api.deps import LeaderLookup, check_token, read_body
 from canal_server.api.encoding import encode
@@ -56,6 +57,7 @@ def create_app(node: Node) -> FastAPI:
     app.include_router(routes_docs.router)
     app.include_router(routes_node.router)
     app.include_router(routes_destinations.router)
+    app.include_router(routes_admin.router)
     add_snapshot_routes(app, node, SnapshotRouteParts(check_token, _leader_of, encode, read_body))
     app.add_middleware(EpochHeader, node=node)
     return app

@@ -13,7 +13,7 @@ import hmac
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import anyio
 import msgpack
@@ -22,6 +22,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 
 from canal_cluster.keys import Keys, validate_id
+from canal_cluster.running import RunningInfo
 from canal_protocol.errors import CanalError
 from canal_server.api.encoding import is_msgpack
 from canal_server.api.errors import ApiError, api_error_of, unavailable
@@ -97,6 +98,8 @@ class LeaderLookup:
         if serving is not None:
             return serving
         view = node.view(d)
+        if view.handing_to is not None:
+            self._handing_over(view.leader, view.handing_to)
         if view.role is Role.STARTING:
             raise unavailable(  # ready in moments: no wait asked, the client's backoff paces
                 "starting", f"{d}: this node is starting to lead (epoch {view.epoch})", 0
@@ -105,15 +108,31 @@ class LeaderLookup:
             raise unavailable("fenced", f"{d}: this node is fenced or stopping")
         leader = view.leader
         if leader is not None and leader.node != node.id and leader.url:
-            url = self.request.url
-            target = leader.url + url.path + (f"?{url.query}" if url.query else "")
-            raise ApiError(
-                307, "not_leader", f"{d}: node {leader.node} leads (epoch {leader.epoch})",
-                leader=leader.url,
-                headers={"Location": target, "X-Canal-Leader": leader.url,
-                         "X-Canal-Epoch": str(leader.epoch)},
-            )  # fmt: skip
+            self._redirect(leader)
         raise unavailable("no_leader", f"{d}: no leader is known right now")
+
+    def _if_handing_over(self) -> None:
+        view = node_of(self.request).view(self.destination)
+        if view.handing_to is not None:
+            self._handing_over(view.leader, view.handing_to)
+
+    def _handing_over(self, leader: RunningInfo | None, to: str) -> None:
+        """A graceful handover is under way: 307 once the successor leads, else 503
+        without a wait (the client's backoff paces; it follows the leader in etcd)."""
+        if leader is not None and leader.node == to:
+            self._redirect(leader)
+        raise unavailable("handing_over", f"{self.destination}: handing over to node {to}", 0)
+
+    def _redirect(self, leader: RunningInfo) -> NoReturn:
+        url = self.request.url
+        target = leader.url + url.path + (f"?{url.query}" if url.query else "")
+        d = self.destination
+        raise ApiError(
+            307, "not_leader", f"{d}: node {leader.node} leads (epoch {leader.epoch})",
+            leader=leader.url,
+            headers={"Location": target, "X-Canal-Leader": leader.url,
+                     "X-Canal-Epoch": str(leader.epoch)},
+        )  # fmt: skip
 
     async def call(self, fn: Callable[[EmbeddedServer], T], op: str = "") -> tuple[T, int]:
         """``fn(server)`` on the leader, in a worker thread; (result, epoch). Errors
@@ -125,9 +144,11 @@ class LeaderLookup:
             err = api_error_of(exc, self.destination, op)
             if err is None:
                 raise
+            self._if_handing_over()  # e.g. a long poll ended by the handover
             raise err from None
         still = node_of(self.request).instance(self.destination).serving()
         if still is None or still[1] != epoch:
+            self._if_handing_over()
             raise unavailable("fenced", f"{self.destination}: leadership of epoch {epoch} ended")
         return result, epoch
 

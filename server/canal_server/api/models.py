@@ -45,6 +45,8 @@ __all__ = [
     "ReaderPositionOut",
     "RollbackOut",
     "RowOut",
+    "StepDownOut",
+    "StepDownRequest",
     "SubscriptionOut",
     "SubscriptionRequest",
     "UnsubscribeOut",
@@ -299,3 +301,30 @@ class HealthOut(BaseModel):
 class ClusterOut(BaseModel):
     nodes: list[dict[str, Any]]
     destinations: dict[str, dict[str, Any]]
+
+
+MAX_STEP_DOWN_MS = 600_000
+
+
+class StepDownRequest(_Request):
+    to: str | None = Field(
+        default=None,
+        max_length=64,
+        description="the node to hand over to: live, not leaving, configured for the "
+        "destination; default: the one leading the fewest destinations",
+    )
+    timeout_ms: int = Field(
+        default=10_000,
+        ge=1,
+        le=MAX_STEP_DOWN_MS,
+        description="how long to wait for the successor to lead (else 503 handover_timeout)",
+    )
+
+
+class StepDownOut(BaseModel):
+    destination: str
+    from_: str = Field(alias="from", description="the node that led and stepped down")
+    to: str = Field(description="the node that leads now")
+    epoch: int = Field(description="the epoch handed over")
+    new_epoch: int = Field(description="the successor's epoch")
+    took_ms: float = Field(description="from the request to the successor leading")
