@@ -9,7 +9,7 @@ raises ``Redirected`` carrying the leader's base URL.
 
 Failures become the exception tree of ``canal_protocol.errors``: transport errors →
 ``ServerUnreachable``; 503 → ``LeaderUnavailable`` (with ``Retry-After``); 401 →
-``Unauthorized``; 400 → ``InvalidArgument``; 404/409 → ``UnknownBatch`` /
+``Unauthorized``; 403 → ``Forbidden``; 400 → ``InvalidArgument``; 404/409 → ``UnknownBatch`` /
 ``UnknownDestination`` / ``NotSubscribed`` by the body's error code.
 """
 
@@ -28,6 +28,7 @@ import msgpack
 
 from canal_protocol.errors import (
     CanalError,
+    Forbidden,
     InvalidArgument,
     LeaderUnavailable,
     NotSubscribed,
@@ -151,6 +152,8 @@ def error_for(response: httpx.Response) -> CanalError:
         return LeaderUnavailable(f"{where}: {message}", _retry_after(response.headers))
     if status == 401:
         return Unauthorized(f"{where}: {message}")
+    if status == 403:
+        return Forbidden(f"{where}: {message}")
     if status == 400:
         return InvalidArgument(str(body.get("field") or code or "request"), message)
     if status in (404, 409):

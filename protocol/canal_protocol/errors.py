@@ -23,7 +23,8 @@
     │   ├── BatchUnavailable        an outstanding batch's entries are not (yet) stored (503)
     │   ├── StartUnavailable        a new subscription's start is not known yet (503)
     │   ├── InvalidArgument         a bad argument; names the field (400)
-    │   └── Unauthorized            no or bad bearer token (401)
+    │   ├── Unauthorized            no or bad bearer token (401)
+    │   └── Forbidden               a valid token without the right (403: role, destination)
     ├── CoordinationError           etcd and elections
     │   ├── CoordinatorUnavailable  etcd cannot be reached right now
     │   └── Fenced                  our epoch is stale or our lease lapsed: step down
@@ -51,6 +52,7 @@ __all__ = [
     "CoordinationError",
     "CoordinatorUnavailable",
     "Fenced",
+    "Forbidden",
     "InvalidArgument",
     "LeaderUnavailable",
     "NotSubscribed",
@@ -197,6 +199,11 @@ class StartUnavailable(ServerError):
 
 class Unauthorized(ServerError):
     """No or a bad bearer token (401)."""
+
+
+class Forbidden(ServerError):
+    """A valid token that may not do this (403): a consumer token on an admin route, on
+    a destination or client id it is not limited to."""
 
 
 class ClientError(CanalError):
