@@ -76,7 +76,7 @@ def leader(sandbox: Sandbox, _node_cluster: NodeCluster) -> Iterator[NodeProc]: 
 
 def ids_of(batch: Batch) -> list[int]:
     return [
-        int(row.after_values()["id"])
+        int(str(row.after_values()["id"]))
         for e in batch.entries
         if e.type is EntryType.ROWDATA
         for row in e.rows
