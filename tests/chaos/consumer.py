@@ -10,7 +10,8 @@ For each non-empty batch it appends one JSON line ``{"ev": "batch", "seq", "t", 
 ``{"ev": "ack", "seq", "t"}`` after the ack returned. Only row changes of the tables
 ``{tag}_*`` are listed (``op`` I/U/D, ``v`` the after-image version, the before-image
 one for deletes). ``--stall-after N``: after logging the N-th batch, never ack and
-write ``{"ev": "stalled"}`` (the scenario then kills it). SIGTERM stops it cleanly.
+write ``{"ev": "stalled"}`` (the scenario then kills it); SIGUSR1 does the same after
+the next batch (the nemesis: a consumer killed before its ack). SIGTERM stops it cleanly.
 """
 
 from __future__ import annotations
@@ -69,8 +70,16 @@ class _Stop(Exception):
     pass
 
 
+_stall_next = False  # SIGUSR1: stall after logging the next batch
+
+
 def _on_term(signum: int, frame: FrameType | None) -> None:
     raise _Stop
+
+
+def _on_usr1(signum: int, frame: FrameType | None) -> None:
+    global _stall_next
+    _stall_next = True
 
 
 def _write(out: IO[str], record: dict[str, Any]) -> None:
@@ -91,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         exclusive=True, election=election, etcd_timeout_s=0.5,
     )  # fmt: skip
     signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGUSR1, _on_usr1)
     seq = 0
     with open(args.out, "a", encoding="utf-8") as out:
         _write(out, {"ev": "start", "t": time.time()})
@@ -107,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                     "epoch": connector.epoch, "url": connector.leader_url or "",
                     "ch": changes_of(batch, args.tag),
                 })  # fmt: skip
-                if args.stall_after and seq >= args.stall_after:
+                if _stall_next or (args.stall_after and seq >= args.stall_after):
                     _write(out, {"ev": "stalled", "t": time.time()})
                     while True:
                         time.sleep(3600)

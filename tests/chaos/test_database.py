@@ -21,7 +21,6 @@ FALLBACK_S = 5
 
 
 @pytest.mark.chaos
-@pytest.mark.chaos_full
 def test_primary_killed_replica_promoted(make_sandbox: SandboxFactory, chaos_run: MakeRun) -> None:
     box = make_sandbox(standby=True)
     replica = box.replica
@@ -49,7 +48,6 @@ def test_primary_killed_replica_promoted(make_sandbox: SandboxFactory, chaos_run
 
 
 @pytest.mark.chaos
-@pytest.mark.chaos_full
 def test_binlog_purged_under_lagging_cursor(
     make_sandbox: SandboxFactory, chaos_run: MakeRun
 ) -> None:
