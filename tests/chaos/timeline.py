@@ -106,7 +106,7 @@ def draw_timeline(history: dict[str, Any], path: Path) -> Path:
     fig, axes = plt.subplots(3, 1, figsize=(14, 9), sharex=True)
     top, middle, bottom = axes
     palette = plt.get_cmap("tab10")
-    color = {name: palette((i + 1) % 10) for i, name in enumerate(lag)}
+    color: dict[str, Any] = {name: palette((i + 1) % 10) for i, name in enumerate(lag)}
     color["committed"] = "black"
     for label, points in throughput.items():
         if points:
