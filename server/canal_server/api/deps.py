@@ -16,7 +16,10 @@ both depend on it.)
 ``LeaderLookup`` (the ``Lead`` dependency) knows the destination and client of a
 request and finds the destination's leader when the route asks (``call``), after it
 read its body: so a bad body is a 400 on any node, and the leader is looked up as late
-as possible. A standby answers 307, a node without a usable leader 503.
+as possible. A standby answers 307, a node without a usable leader 503. A node that has
+just won the election and is still loading its term holds the request (up to
+``STARTING_WAIT_S``) instead of answering 503: the first calls of clients that
+followed etcd's watch to it are served without a retry round.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ __all__ = [
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 MAX_THREADS = 256  # long polls waiting at once, per app
+STARTING_WAIT_S = 2.0  # a request to a node that just won waits this long for its term
 
 bearer = HTTPBearer(
     auto_error=False,
@@ -135,7 +139,7 @@ class LeaderLookup:
         if serving is not None:
             return serving
         view = node.view(d)
-        if view.role is Role.STARTING:
+        if view.role is Role.STARTING or self._won_not_ready():
             raise unavailable(  # ready in moments: no wait asked, the client's backoff paces
                 "starting", f"{d}: this node is starting to lead (epoch {view.epoch})", 0
             )
@@ -153,10 +157,29 @@ class LeaderLookup:
             )  # fmt: skip
         raise unavailable("no_leader", f"{d}: no leader is known right now")
 
+    def _won_not_ready(self) -> bool:
+        """This node holds the election but its term is not serving yet (loading)."""
+        inst = node_of(self.request).instance(self.destination)
+        monitor = inst.monitor
+        if monitor is None or monitor.leader_epoch() is None:
+            return False
+        return inst.role()[0] in (Role.STANDBY, Role.STARTING)
+
+    async def ready_leader(self) -> tuple[EmbeddedServer, int]:
+        """``leader()``, waiting up to ``STARTING_WAIT_S`` while this node starts to lead."""
+        deadline = anyio.current_time() + STARTING_WAIT_S
+        while True:
+            try:
+                return self.leader()
+            except ApiError as err:
+                if err.code != "starting" or anyio.current_time() >= deadline:
+                    raise
+            await anyio.sleep(0.01)
+
     async def call(self, fn: Callable[[EmbeddedServer], T], op: str = "") -> tuple[T, int]:
         """``fn(server)`` on the leader, in a worker thread; (result, epoch). Errors
         become answers (``api_error_of``); 503 when the leadership ended meanwhile."""
-        server, epoch = self.leader()
+        server, epoch = await self.ready_leader()
         try:
             result = await in_thread(self.request, lambda: fn(server))
         except CanalError as exc:

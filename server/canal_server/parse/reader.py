@@ -232,9 +232,10 @@ class BinlogReader:
 
     def _dump(self, start: EntryPosition) -> None:
         """One dump connection: read until stopped or switched, or raise its error."""
-        state = start.gtid if self.config.gtid_mode and start.gtid else ""
-        if not state:
-            state = gtid_state_at(self._source, start.journal, start.offset)
+        # a found or committed position carries the GTID state there (the finder asks
+        # BINLOG_GTID_POS when it has none): asking again costs a scan of the binlog
+        # file up to the offset, on every new leader's start
+        state = start.gtid or gtid_state_at(self._source, start.journal, start.offset)
         size = self.config.transaction_size
         asm = TransactionAssembler(self._sink, start, state, size, self._skip)
         stream = self._open(start)
