@@ -25,6 +25,7 @@ Fixes of the library's behaviour, applied to the streams opened here only:
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import socket
 import struct
 from collections.abc import Iterable, Mapping
@@ -72,11 +73,27 @@ _CONN_KEYS = ("host", "port", "user", "password", "connect_timeout", "read_timeo
 
 
 def _connection_kwargs(conn: Mapping[str, Any]) -> dict[str, Any]:
-    """host/port/user/password (+ timeouts) of a DSN dict; other keys are dropped."""
+    """host/port/user/password (+ timeouts) of a DSN dict; other keys are dropped.
+
+    TLS is off for a loopback host: pymysql otherwise tries TLS ("preferred", without
+    verification) and builds a default SSL context for every connection, loading the
+    system's CA store: 30-100 ms per connection, several per new leader's start,
+    protecting nothing on loopback. Other hosts keep pymysql's default."""
     kw = {k: conn[k] for k in _CONN_KEYS if k in conn}
     kw.setdefault("connect_timeout", 5)
     kw["charset"] = "utf8mb4"
+    if _is_loopback(str(conn.get("host", ""))):
+        kw["ssl_disabled"] = True
     return kw
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _guarded_connect(**kwargs: Any) -> pymysql.connections.Connection[Any]:
