@@ -106,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         _write(out, {"ev": "start", "t": time.time()})
         try:
             connector.connect()
-            connector.subscribe("")
+            # the load runs before the first consumer subscribes: from the destination's
+            # oldest held change (a new subscription starts at the end by default)
+            connector.subscribe("", start="earliest")
             while True:
                 batch = connector.get_without_ack(args.batch_size, 1.0)
                 if batch.is_empty:
