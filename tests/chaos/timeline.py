@@ -5,8 +5,8 @@ over time (seconds from the first commit), faults shaded and named:
    consumer stream (destination/client);
 2. lag: per second, how old the oldest change committed but not yet delivered to a
    stream is (0 when it has everything committed so far);
-3. leader epoch of each destination (the etcd revision of its running key), as the
-   /v1/health poller saw it.
+3. leader term of each destination: the n-th distinct epoch (etcd revision of its
+   running key) the /v1/health pollers saw, destinations drawn slightly apart.
 
 ``history`` is the dict ``nemesis.py`` writes to ``history.json``; the function needs
 only its ``writes``, ``streams``, ``leader_samples`` and ``faults``.
@@ -57,6 +57,12 @@ def series(history: dict[str, Any]) -> tuple[float, Series, Series, Series]:
     for t, dest, _url, epoch in sorted(history.get("leader_samples", [])):
         epochs[str(dest)].append((t - t0, float(epoch)))
     return t0, throughput, lag, dict(epochs)
+
+
+def _terms(points: list[tuple[float, float]], offset: float) -> list[tuple[float, float]]:
+    """(t, epoch) → (t, n-th distinct epoch seen, from 1) + ``offset``."""
+    order = {e: i + 1 for i, e in enumerate(sorted({e for _, e in points}))}
+    return [(t, order[e] + offset) for t, e in points]
 
 
 def _lag(
@@ -118,10 +124,11 @@ def draw_timeline(history: dict[str, Any], path: Path) -> Path:
         if points:
             middle.plot(*zip(*points, strict=True), lw=0.9, label=label, color=color[label])
     middle.set_ylabel("lag: oldest change\nnot delivered (s)")
-    for label, points in epochs.items():
+    for i, (label, points) in enumerate(sorted(epochs.items())):
         if points:
-            bottom.step(*zip(*points, strict=True), where="post", label=label)
-    bottom.set_ylabel("leader epoch")
+            terms = _terms(points, 0.08 * i)
+            bottom.step(*zip(*terms, strict=True), where="post", label=label)
+    bottom.set_ylabel("leader term\n(n-th epoch)")
     bottom.legend(fontsize=7, loc="upper left")
     bottom.set_xlabel("seconds since the first commit")
     _mark_faults(list(axes), history.get("faults", []), t0)
@@ -134,6 +141,8 @@ def draw_timeline(history: dict[str, Any], path: Path) -> Path:
         f"order violations {check.get('order_violations', '-')}, "
         f"split brain {len(check.get('split_brain', {}) or {})}"
     )
+    if history.get("error"):
+        title += f"\naborted: {str(history['error'])[:150]}"
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
