@@ -20,6 +20,7 @@ import httpx
 import psutil
 
 from benchmarks.bench_common import Context
+from canal_client.wire import tls_context
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox.ports import free_port
 from canal_ha.sandbox.process import ManagedProcess
@@ -53,7 +54,7 @@ class BenchNode:
 
     def health(self) -> dict[str, Any] | None:
         try:
-            r = httpx.get(f"{self.url}/v1/health", timeout=2)
+            r = httpx.get(f"{self.url}/v1/health", timeout=2, verify=tls_context())
             return dict(r.json()) if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
@@ -64,7 +65,7 @@ class BenchNode:
 
     def metric(self, name: str) -> float:
         """One sample of this node's /metrics for the destination (0 when absent)."""
-        text = httpx.get(f"{self.url}/metrics", timeout=5).text
+        text = httpx.get(f"{self.url}/metrics", timeout=5, verify=tls_context()).text
         m = re.search(rf'^{name}\{{destination="{DEST}"\}} (\S+)$', text, re.M)
         return float(m.group(1)) if m else 0.0
 

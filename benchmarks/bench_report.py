@@ -99,21 +99,43 @@ def _throughput_table(result: dict[str, Any]) -> list[str]:
 def _latency_lines(rec: dict[str, Any]) -> list[str]:
     lines = []
     for rate in rec.get("rates", []):
+        goal = rate.get("goal_p99_ms")
+        verdict = "" if goal is None else f" (goal p99 <= {goal:g} ms: "
+        if goal is not None:
+            verdict += "met)" if rate["p99_ms"] <= goal else "NOT met)"
         lines.append(
             f"  {rate['target_tps']:>5.0f} tx/s (achieved {rate['achieved_tps']:.0f}): "
             f"p50 {rate['p50_ms']:.1f} ms, p99 {rate['p99_ms']:.1f} ms, max "
-            f"{rate['max_ms']:.1f} ms over {rate['samples']} rows"
+            f"{rate['max_ms']:.1f} ms over {rate['samples']} rows{verdict}"
         )
     return lines
 
 
 def _failover_lines(rec: dict[str, Any]) -> list[str]:
-    return [
-        f"  median {rec['median_s']:.2f} s, max {rec['max_s']:.2f} s over "
-        f"{len(rec['trials_s'])} trials (ttl {rec['election']['ttl_s']} s, switch delay "
-        f"{rec['election']['switch_delay_s']} s); trials: "
-        + ", ".join(f"{t:.2f}" for t in rec["trials_s"])
-    ]
+    e = rec["election"]
+    kinds = rec.get("kinds") or {"sigkill": rec}
+    lines = [f"  ttl {e['ttl_s']} s, switch delay {e['switch_delay_s']} s"]
+    for how, k in kinds.items():
+        goal = ""
+        if "goal_median_s" in k:
+            met = "met" if k.get("meets_goal") else "NOT met"
+            goal = (
+                f" (goal median <= {k['goal_median_s']:.2f} s, "
+                f"max <= {k['goal_max_s']:.2f} s: {met})"
+            )
+        phases = ""
+        if k.get("median_elected_s") is not None:
+            phases = (
+                f"; medians: key gone {k['median_key_gone_s']:.2f} s, next leader "
+                f"{k['median_elected_s']:.2f} s, then first batch "
+                f"+{k['median_elected_to_batch_s']:.2f} s"
+            )
+        lines.append(
+            f"  {how}: median {k['median_s']:.2f} s, max {k['max_s']:.2f} s over "
+            f"{len(k['trials_s'])} trials{goal}{phases}; trials: "
+            + ", ".join(f"{t:.2f}" for t in k["trials_s"])
+        )
+    return lines
 
 
 def _rss_lines(rec: dict[str, Any]) -> list[str]:

@@ -23,11 +23,12 @@ The JSON document::
     parts     {name: {status: ok | error | unavailable | not yet, title, wall_s,
               reason/error when not ok, and the part's numbers: readers and end to
               end rows, seconds, rows_per_s (median), runs; latency rates[] with
-              target_tps, achieved_tps, p50_ms, p99_ms, max_ms, samples; failover
-              trials_s, median_s, max_s, election; node_rss rss_before_bytes,
-              rss_after_bytes, bytes_per_row, store_bytes_per_row; snapshot table_rows,
-              rows_per_s (end to end), mariadb_dump_rows_per_s, pymysql_loop_rows_per_s,
-              vs_mariadb_dump, vs_pymysql_loop, their runs; handover
+              target_tps, achieved_tps, p50_ms, p99_ms, max_ms, samples, goal_p99_ms;
+              failover kinds {sigkill, sigstop: trials_s, median_s, max_s, phase
+              medians, goal_median_s, goal_max_s, meets_goal}, election; node_rss
+              rss_before_bytes, rss_after_bytes, bytes_per_row, store_bytes_per_row; snapshot
+              table_rows, rows_per_s (end to end), mariadb_dump_rows_per_s,
+              pymysql_loop_rows_per_s, vs_mariadb_dump, vs_pymysql_loop, their runs; handover
               sigterm/step_down {stalls_ms, median_ms, max_ms}, duplicate_rows,
               lost_rows; settle phases[] with phase, leaders, seconds, moves,
               moves_in_quiet_window; scale_clients / scale_destinations runs[] with
@@ -73,7 +74,7 @@ PARTS: tuple[Part, ...] = (
     Part("e2e_json", "canal-ha node -> REST JSON -> client", bench_node.e2e_json),
     Part("spark_parquet", "Spark source -> parquet", bench_spark.spark_parquet),
     Part("latency", "commit -> client latency", bench_node.latency),
-    Part("failover", "failover: leader SIGKILL -> first batch", bench_node.failover),
+    Part("failover", "failover: leader SIGKILL / SIGSTOP -> first batch", bench_node.failover),
     Part("node_rss", "node RSS, rows buffered (not acked)", bench_node.node_rss),
     Part("snapshot", "snapshot: node -> REST msgpack -> client", bench_snapshot.snapshot),
     Part("settle", "fair share: 9 destinations on 3 nodes", bench_scale.settle),
@@ -99,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--repeat", type=int, default=5, help="runs per reader and end-to-end path (median)"
     )
     p.add_argument("--latency-seconds", type=float, default=10.0, help="per rate")
-    p.add_argument("--failover-trials", type=int, default=5)
+    p.add_argument("--failover-trials", type=int, default=20, help="per kind (SIGKILL, SIGSTOP)")
     p.add_argument("--failover-ttl", type=float, default=3.0, help="election.ttl_s (s)")
     p.add_argument(
         "--failover-switch-delay", type=float, default=1.0, help="election.switch_delay_s (s)"

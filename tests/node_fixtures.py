@@ -40,6 +40,7 @@ import httpx
 import pytest
 from reader_fixtures import collect_leaked_sockets
 
+from canal_client.wire import tls_context
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
 from canal_ha.sandbox.ports import free_port
@@ -94,12 +95,17 @@ class NodeProc:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         headers.update(kw.pop("headers", {}))
         return httpx.Client(
-            base_url=self.url, headers=headers, verify=self.verify, timeout=30, **kw
+            base_url=self.url, headers=headers, verify=self._verify(), timeout=30, **kw
         )
+
+    def _verify(self) -> ssl.SSLContext:
+        """The node's TLS trust, or the shared default context (a new one per call
+        costs 20-160 ms of CPU: the health pollers would burn a core)."""
+        return self.verify if isinstance(self.verify, ssl.SSLContext) else tls_context()
 
     def health(self) -> dict[str, Any] | None:
         try:
-            r = httpx.get(f"{self.url}/v1/health", verify=self.verify, timeout=2)
+            r = httpx.get(f"{self.url}/v1/health", verify=self._verify(), timeout=2)
             return dict(r.json()) if r.status_code == 200 else None
         except httpx.HTTPError:
             return None

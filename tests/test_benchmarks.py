@@ -134,7 +134,8 @@ def test_table_shows_every_part_and_its_outcome() -> None:
     }  # fmt: skip
     text = render_table(result)
     assert "reader" in text and "not yet" in text and "no node" in text
-    assert "median 4.50 s, max 5.00 s over 2 trials (ttl 3 s" in text
+    assert "ttl 3 s, switch delay 1 s" in text
+    assert "sigkill: median 4.50 s, max 5.00 s over 2 trials" in text
 
 
 def test_median_and_percentile() -> None:

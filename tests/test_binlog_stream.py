@@ -266,3 +266,13 @@ def test_real_server_config_checked(make_sandbox: Any) -> None:
     with warnings.catch_warnings():  # sockets the sandbox start leaked (see reader_fixtures)
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()
+
+
+def test_no_tls_attempt_on_loopback_hosts(db: Sandbox) -> None:
+    # pymysql's "preferred" TLS builds a CA-loaded SSL context per connection (tens of
+    # ms each, several per new leader's start); on loopback it protects nothing
+    for host in ("127.0.0.1", "127.0.0.5", "localhost", "::1"):
+        assert binlog_stream._connection_kwargs({"host": host, "port": 1})["ssl_disabled"]
+    assert "ssl_disabled" not in binlog_stream._connection_kwargs({"host": "db.example"})
+    with binlog_stream.connect(db.primary.dsn()) as conn:
+        assert conn.ssl is False

@@ -106,6 +106,9 @@ def test_acks_within_window_before_fault_may_come_again() -> None:
     assert near.ok, near.line()
     far = check("far", h, {"c1": s}, faults=[Fault("kill", 15.0)], dup_window_s=1.0)
     assert far.dups_outside_bound == 3
+    # a fault with its own window (a database failover's time fallback)
+    wide = check("wide", h, {"c1": s}, faults=[Fault("db", 15.0, window_s=6.0)], dup_window_s=1.0)
+    assert wide.ok, wide.line()
 
 
 def test_ack_after_fault_may_come_again() -> None:

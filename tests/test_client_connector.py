@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import ssl
 import subprocess
 import sys
 from typing import Any
@@ -12,6 +13,7 @@ from client_fixtures import FakeCluster, entry_wire
 
 from canal_client.connector import ClusterConnector, Connector, SimpleConnector
 from canal_client.resolver import Leader, LeaderResolver, StaticResolver
+from canal_client.wire import HttpChannel, tls_context
 from canal_cluster.retry import RetryPolicy
 from canal_protocol import Batch, EntryType
 from canal_protocol.errors import (
@@ -292,3 +294,19 @@ def test_bad_ids_are_refused() -> None:
         SimpleConnector(A, "example", "running")
     with pytest.raises(InvalidArgument):
         SimpleConnector(A, "../x", "1001")
+
+
+def test_channels_share_one_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    # httpx makes a CA-loaded SSL context per client (20-160 ms of CPU each here)
+    tls_context()  # the process's one, made at most once
+    made: list[object] = []
+    real = ssl.create_default_context
+
+    def counting(*args: Any, **kw: Any) -> ssl.SSLContext:
+        made.append(args)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(ssl, "create_default_context", counting)
+    for _ in range(3):
+        HttpChannel().close()
+    assert made == []

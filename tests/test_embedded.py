@@ -438,3 +438,38 @@ def test_random_ops_with_client_filter_deliver_exactly_the_matching_entries(
         acked.extend(b.entries)
     assert acked == wanted
     assert store.stats()[0] == 0, "everything stored was delivered or skipped, then freed"
+
+
+def test_a_retried_get_answers_the_batch_its_first_attempt_took() -> None:
+    server, store, fac = _server()
+    server.subscribe("c")
+    entries = _put(store, fac.rows(6))
+    first = server.get_without_ack("c", 2, request_id="r1")  # its answer was lost
+    again = server.get_without_ack("c", 2, request_id="r1")  # the client's retry
+    assert (again.id, list(again.entries)) == (first.id, entries[:2])
+    nxt = server.get_without_ack("c", 2, request_id="r2")
+    assert (nxt.id, list(nxt.entries)) == (first.id + 1, entries[2:4])
+    server.rollback("c", nxt.id)  # a rolled-back batch is not answered again
+    redo = server.get_without_ack("c", 2, request_id="r2")
+    assert list(redo.entries) == entries[2:4] and redo.id == nxt.id + 1
+    auto = server.get("c", 2, request_id="r3")  # acked everything up to it
+    assert server.get("c", 2, request_id="r3") == auto
+    assert server.cursor("c") == position_of(entries[5])
+
+
+def test_a_retry_while_the_first_attempt_still_waits_gets_the_same_batch() -> None:
+    server, store, fac = _server()
+    server.subscribe("c")
+    got: list[Batch] = []
+    waiters = [
+        threading.Thread(target=lambda: got.append(server.get_without_ack("c", 5, WAIT_S, "r")))
+        for _ in range(2)
+    ]
+    for t in waiters:
+        t.start()
+    entries = _put(store, fac.rows(3))
+    for t in waiters:
+        t.join(WAIT_S)
+    assert len(got) == 2 and got[0] == got[1]
+    assert got[0].id == 1 and list(got[0].entries) == entries
+    assert server.get_without_ack("c", 5, request_id="s").is_empty

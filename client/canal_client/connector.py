@@ -21,6 +21,18 @@ Rules:
   an earlier session are dropped with a warning: the reconnect rolled it back and its
   entries come again (duplicates are bounded by the unacked batches plus the acks the
   old leader had not yet flushed);
+- a transport failure (timeout, reset) *suspends* the session instead of ending it:
+  when the next attempt finds the same leader in the same epoch (etcd's record, or the
+  epoch of the re-subscribe's answer), the session resumes without a rollback, so
+  while nothing failed nothing is delivered twice. A retried get carries the same
+  ``request_id`` (the server answers the batch the lost attempt took, never the next
+  one); a retried ack or rollback whose batch is no longer outstanding was done by the
+  lost attempt;
+- with an etcd resolver every exchange runs in a worker thread (``InFlight``): when the
+  watch names another leader (or none) while a request waits on the old one, the
+  request is abandoned at once and the call goes on with the new leader; a late answer
+  of the deposed leader is dropped, and any answer with a lower epoch than one seen is
+  refused (``StaleLeader``);
 - with an ``ActiveGate`` (ClientRunningMonitor) only the active consumer opens a
   session; the others wait in ``get_without_ack`` (returning empty batches);
 - each leader change followed is logged on the ``canal_client`` logger with the
@@ -36,9 +48,11 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -47,6 +61,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 
 from canal_client.exclusive import ActiveGate
+from canal_client.inflight import Abandoned, InFlight
 from canal_client.resolver import EtcdResolver, Leader, LeaderResolver, StaticResolver
 from canal_client.wire import HttpChannel, Redirected, Reply, WireFormat
 from canal_cluster.coordinator import Coordinator
@@ -151,6 +166,13 @@ class Connector:
         self._connect_deadline: float | None = None
         self._deadline: float | None = None
         self._reached = False  # a leader was reached once: retry through failovers
+        self._suspended: _Session | None = None  # the session a transport failure paused
+        self._rid_prefix = uuid.uuid4().hex[:12]
+        self._rids = itertools.count(1)
+        self._inflight: InFlight | None = None
+        if resolver.follows_changes:
+            self._inflight = InFlight(f"{destination}/{client_id}")
+            resolver.add_listener(self._inflight.interrupt)
 
     # -- properties of the contract -----------------------------------------------------
 
@@ -226,14 +248,19 @@ class Connector:
         """Stop; a call retrying in another thread gives up (``ClientError``)."""
         self._closing.set()
         self._resolver.close()  # wakes a retry waiting for a leader change
+        if self._inflight is not None:
+            self._inflight.interrupt()  # and a call waiting on a request
         with self._lock:
             if self._gate is not None:
                 self._gate.stop()
             self._resolver.close()
+            if self._inflight is not None:
+                self._inflight.close()
             if self._channel is not None:
                 self._channel.close()
             self._channel = None
             self._session = None
+            self._suspended = None
 
     def __enter__(self) -> Connector:
         self.connect()
@@ -266,7 +293,7 @@ class Connector:
             if self._gate is not None and not self._gate.is_active():
                 return  # sent when this consumer becomes active
             try:
-                self._call("subscribe", lambda s: self._put_subscription(s.url, filter))
+                self._call("subscribe", lambda s: self._put_subscription(s.url, filter, leader=s))
             except _Inactive:
                 return
 
@@ -356,7 +383,7 @@ class Connector:
             return Batch.empty()
         body = {
             "size": size, "timeout_ms": int(timeout_s * 1000), "auto_ack": auto_ack,
-            "layout": "compact",
+            "layout": "compact", "request_id": f"{self._rid_prefix}-{next(self._rids)}",
         }  # fmt: skip
         with self._lock:
 
@@ -398,10 +425,22 @@ class Connector:
 
     def _finish_batch(self, what: str, batch_id: int, path: str) -> None:
         with self._lock:
+            lost_in: set[int] = set()  # sessions in which an attempt's answer was lost
 
             def op(session: _Session) -> None:
                 self._check_batch_session(batch_id, session)
-                self._request(session, "POST", self._base() + path)
+                try:
+                    self._request(session, "POST", self._base() + path)
+                except ServerUnreachable:
+                    lost_in.add(session.gen)
+                    raise
+                except UnknownBatch:
+                    if session.gen not in lost_in:
+                        raise
+                    log.info(  # the same leader, same term: the lost attempt did it
+                        "%s/%s: %s of batch %d was done by the attempt whose answer was lost",
+                        self.destination, self.client_id, what, batch_id,
+                    )  # fmt: skip
 
             try:
                 self._call(what, op)
@@ -438,6 +477,13 @@ class Connector:
                 self._resolver.redirected(exc.leader_url)
                 self._drop_session(session)
                 raise _SessionLost(str(exc)) from exc
+            except Abandoned as exc:
+                self._drop_session(session)
+                raise _SessionLost(str(exc)) from exc
+            except ServerUnreachable as exc:
+                self._on_failure(session.url, exc)
+                self._suspend(session, what, exc)
+                raise
             except _RETRYABLE as exc:
                 self._on_failure(session.url, exc)
                 self._drop_session(session)
@@ -531,26 +577,43 @@ class Connector:
         return self._open_session(leader, gate_gen)
 
     def _open_session(self, leader: Leader, gate_gen: int) -> _Session:
-        """Canal's processActiveEnter: subscribe with the last filter, then roll back."""
+        """Canal's processActiveEnter: subscribe with the last filter, then roll back;
+        or resume the suspended session when the leader and its epoch are the same."""
         self._session = None
+        resume, self._suspended = self._suspended, None
+        if resume is not None and (resume.gate_gen != gate_gen or resume.epoch is None):
+            resume = None
+        if resume is not None and (leader.url, leader.epoch) == (resume.url, resume.epoch):
+            return self._resume(resume)  # etcd names the same leader in the same term
         try:
-            url, epoch = self._enter(leader)
+            url, epoch = self._enter(leader, resume)
+        except Abandoned as exc:
+            self._suspended = resume
+            raise _SessionLost(str(exc)) from exc
         except _RETRYABLE as exc:
+            self._suspended = resume
             self._on_failure(leader.url, exc)
             raise
+        if resume is not None and (url, epoch) == (resume.url, resume.epoch):
+            return self._resume(resume)
         self._gen += 1
         self._session = _Session(self._gen, url, epoch, gate_gen)
         self._reached = True
         self._log_leader(url, epoch)
         return self._session
 
-    def _enter(self, leader: Leader) -> tuple[str, int | None]:
+    def _enter(self, leader: Leader, resume: _Session | None) -> tuple[str, int | None]:
+        """Subscribe (or, to tell whether ``resume`` still holds, ask the cursor), then
+        roll back unless the answering leader and epoch are ``resume``'s."""
         url, epochs = leader.url, [leader.epoch]
-        if self._filter is not None:
-            reply = self._put_subscription(url, self._filter, follow=True)
-            url, epochs = reply.url, [*epochs, reply.epoch]
-        if self.rollback_on_connect:
-            rolled = self._rollback_at(url)
+        if self._filter is not None or resume is not None:
+            reply = self._probe(leader)
+            if reply is not None:
+                url, epochs = reply.url, [*epochs, reply.epoch]
+        epoch = max((e for e in epochs if e is not None), default=None)
+        same = resume is not None and (url, epoch) == (resume.url, resume.epoch)
+        if self.rollback_on_connect and not same:
+            rolled = self._rollback_at(leader, url)
             if rolled is not None:
                 url, epochs = rolled.url, [*epochs, rolled.epoch]
         if url != leader.url:
@@ -558,6 +621,61 @@ class Connector:
         epoch = max((e for e in epochs if e is not None), default=None)
         self._note_epoch(epoch)
         return url, epoch
+
+    def _probe(self, leader: Leader) -> Reply | None:
+        """The re-subscribe (idempotent), else the cursor read: who answers, in which
+        epoch (None: not subscribed)."""
+        if self._filter is not None:
+            return self._put_subscription(leader.url, self._filter, follow=True, leader=leader)
+        path = f"{self._base()}/cursor"
+        channel = self._require_channel()
+        try:
+            reply = self._exchange(
+                leader, lambda: channel.request("GET", leader.url, path, follow_redirects=True)
+            )
+        except NotSubscribed:
+            return None
+        self._note_epoch(reply.epoch)
+        return reply
+
+    def _suspend(self, session: _Session, what: str, exc: BaseException) -> None:
+        """A transport failure: the session may resume with the same leader and epoch."""
+        if self._session is session:
+            self._session = None
+            self._suspended = session
+        log.info(
+            "%s: %s to %s (epoch %s) failed: %s; retrying",
+            self._what(what), what, session.url, session.epoch, exc,
+        )  # fmt: skip
+
+    def _resume(self, session: _Session) -> _Session:
+        self._session = session
+        log.info(
+            "%s/%s: resumed the session with %s (epoch %s): same leader, nothing rolled back",
+            self.destination, self.client_id, session.url, session.epoch,
+        )  # fmt: skip
+        return session
+
+    def _exchange(self, leader: Leader | _Session, fn: Callable[[], Reply]) -> Reply:
+        """``fn()``; with a watching resolver in the worker, abandoned (``Abandoned``)
+        as soon as the resolver names another leader than ``leader`` (or none)."""
+        if self._inflight is None:
+            return fn()
+        url, epoch = leader.url, leader.epoch
+
+        def reason_to_stop() -> str | None:
+            if self._closing.is_set():
+                return "disconnecting"
+            now = self._resolver.current()
+            if now is None:
+                return f"{url} (epoch {epoch}) is no longer the leader; none is known yet"
+            if now.url != url or (None not in (epoch, now.epoch) and now.epoch != epoch):
+                return (
+                    f"the leader moved from {url} (epoch {epoch}) to {now.url} (epoch {now.epoch})"
+                )
+            return None
+
+        return self._inflight.run(fn, reason_to_stop)
 
     def _log_leader(self, url: str, epoch: int | None) -> None:
         previous, self._last_leader = self._last_leader, (url, epoch)
@@ -610,8 +728,12 @@ class Connector:
         extra_timeout_s: float = 0.0,
         tuples: bool = False,
     ) -> Reply:
-        reply = self._require_channel().request(
-            method, session.url, path, body, extra_timeout_s=extra_timeout_s, tuples=tuples
+        channel = self._require_channel()
+        reply = self._exchange(
+            session,
+            lambda: channel.request(
+                method, session.url, path, body, extra_timeout_s=extra_timeout_s, tuples=tuples
+            ),
         )
         self._note_epoch(reply.epoch)
         if reply.epoch is None or self._session is not session:
@@ -623,20 +745,30 @@ class Connector:
             raise _SessionLost(f"{session.url} now answers with epoch {reply.epoch}")
         return reply
 
-    def _put_subscription(self, url: str, filter: str, follow: bool = False) -> Reply:
+    def _put_subscription(
+        self, url: str, filter: str, follow: bool = False, leader: Leader | _Session | None = None
+    ) -> Reply:
         path = f"{self._base()}/subscription"
         body: dict[str, Any] = {"filter": filter}
         if self._start is not None:
             body["start"] = self._start if isinstance(self._start, str) else dict(self._start)
-        reply = self._require_channel().request("PUT", url, path, body, follow_redirects=follow)
+        channel = self._require_channel()
+
+        def put() -> Reply:
+            return channel.request("PUT", url, path, body, follow_redirects=follow)
+
+        reply = put() if leader is None else self._exchange(leader, put)
         self._note_epoch(reply.epoch)
         return reply
 
-    def _rollback_at(self, url: str) -> Reply | None:
+    def _rollback_at(self, leader: Leader, url: str) -> Reply | None:
         """Roll back every outstanding batch at ``url`` (following a redirect)."""
         path = f"{self._base()}/rollback"
+        channel = self._require_channel()
         try:
-            reply = self._require_channel().request("POST", url, path, follow_redirects=True)
+            reply = self._exchange(
+                leader, lambda: channel.request("POST", url, path, follow_redirects=True)
+            )
         except NotSubscribed:
             return None  # nothing to roll back yet (Canal ignores it too)
         self._note_epoch(reply.epoch)

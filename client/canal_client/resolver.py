@@ -9,6 +9,10 @@
   ``wait_change`` returns early when the watch reports a change, so a retry after a
   failover happens as soon as the new leader is elected.
 
+``add_listener(fn)``: ``fn()`` is called (outside any lock) whenever ``current()`` may
+have changed; only the etcd resolver calls it (``follows_changes``), so a connector can
+stop waiting on a deposed leader as soon as the watch names a new one.
+
 ``no_leader()`` says why ``current()`` is None, for a connector that has never reached
 a leader yet: etcd not reachable, no node registered under the prefix, no leader elected
 yet (all ``LeaderUnavailable``: worth waiting), or no registered node configures the
@@ -21,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -94,6 +98,8 @@ class Leader:
 class LeaderResolver(ABC):
     """Chooses the node the connector talks to."""
 
+    follows_changes = False  # True: listeners hear of every leader change (watch)
+
     def start(self) -> None:  # noqa: B027 - optional hook
         """Begin following the leader (idempotent)."""
 
@@ -118,6 +124,9 @@ class LeaderResolver(ABC):
 
     def reload(self) -> None:  # noqa: B027 - optional hook
         """Look the leader up again now (etcd)."""
+
+    def add_listener(self, fn: Callable[[], None]) -> None:  # noqa: B027 - optional hook
+        """Call ``fn()`` when the leader may have changed (no-op without a watch)."""
 
     def no_leader(self) -> ClientError | UnknownDestination:
         """Why ``current()`` is None: ``UnknownDestination`` when final, else
@@ -165,6 +174,8 @@ class StaticResolver(LeaderResolver):
 class EtcdResolver(LeaderResolver):
     """The leader as the destination's running key in etcd says, followed by watch."""
 
+    follows_changes = True
+
     def __init__(
         self, coordinator: Coordinator, keys: Keys, destination: str, where: str = "etcd"
     ) -> None:
@@ -180,6 +191,10 @@ class EtcdResolver(LeaderResolver):
         self._version = 0
         self._closed = False
         self._watch: Watch | None = None
+        self._listeners: list[Callable[[], None]] = []
+
+    def add_listener(self, fn: Callable[[], None]) -> None:
+        self._listeners.append(fn)
 
     def start(self) -> None:
         with self._cond:
@@ -257,10 +272,14 @@ class EtcdResolver(LeaderResolver):
                 return
             if info is not None:
                 self._highest = info.epoch
-            if info != self._leader:
+            changed = info != self._leader
+            if changed:
                 self._leader = info
                 self._version += 1
                 self._cond.notify_all()
+        if changed:
+            for fn in list(self._listeners):
+                fn()
 
     def current(self) -> Leader | None:
         with self._cond:

@@ -9,15 +9,17 @@ raises ``Redirected`` carrying the leader's base URL.
 
 Failures become the exception tree of ``canal_protocol.errors``: transport errors →
 ``ServerUnreachable``; 503 → ``LeaderUnavailable`` (with ``Retry-After``); 401 →
-``Unauthorized``; 400 → ``InvalidArgument``; 404/409 → ``UnknownBatch`` /
+``Unauthorized``; 403 → ``Forbidden``; 400 → ``InvalidArgument``; 404/409 → ``UnknownBatch`` /
 ``UnknownDestination`` / ``NotSubscribed`` by the body's error code.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
+import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -28,6 +30,7 @@ import msgpack
 
 from canal_protocol.errors import (
     CanalError,
+    Forbidden,
     InvalidArgument,
     LeaderUnavailable,
     NotSubscribed,
@@ -48,6 +51,7 @@ __all__ = [
     "base_url_of",
     "error_for",
     "gc_paused",
+    "tls_context",
 ]
 
 WireFormat = Literal["msgpack", "json"]
@@ -89,6 +93,13 @@ def _epoch(headers: httpx.Headers) -> int | None:
         return int(raw) if raw is not None else None
     except ValueError:
         return None
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """httpx's default TLS context (certifi's CAs, verified), made once per process:
+    httpx builds one for every new client, loading the CA bundle (20-160 ms here)."""
+    return httpx.create_ssl_context()
 
 
 @contextlib.contextmanager
@@ -151,6 +162,8 @@ def error_for(response: httpx.Response) -> CanalError:
         return LeaderUnavailable(f"{where}: {message}", _retry_after(response.headers))
     if status == 401:
         return Unauthorized(f"{where}: {message}")
+    if status == 403:
+        return Forbidden(f"{where}: {message}")
     if status == 400:
         return InvalidArgument(str(body.get("field") or code or "request"), message)
     if status in (404, 409):
@@ -191,6 +204,7 @@ class HttpChannel:
             follow_redirects=False,
             transport=transport,
             trust_env=False,
+            verify=tls_context(),
         )
 
     def close(self) -> None:

@@ -26,7 +26,8 @@
     │   │   └── UnknownTable        a snapshot's tables match no table (404)
     │   ├── UnknownSnapshot         no such incremental snapshot (404)
     │   ├── SnapshotConflict        a table is in a running snapshot, or it has ended (409)
-    │   └── Unauthorized            no or bad bearer token (401)
+    │   ├── Unauthorized            no or bad bearer token (401)
+    │   └── Forbidden               a valid token without the right (403: role, destination)
     ├── CoordinationError           etcd and elections
     │   ├── CoordinatorUnavailable  etcd cannot be reached right now
     │   │   └── CoordinatorAccessDenied  etcd refuses us: TLS, user/password or role (names the key)
@@ -58,6 +59,7 @@ __all__ = [
     "CoordinatorAccessDenied",
     "CoordinatorUnavailable",
     "Fenced",
+    "Forbidden",
     "HandoverFailed",
     "HandoverTimeout",
     "InvalidArgument",
@@ -249,6 +251,11 @@ class StartUnavailable(ServerError):
 
 class Unauthorized(ServerError):
     """No or a bad bearer token (401)."""
+
+
+class Forbidden(ServerError):
+    """A valid token that may not do this (403): a consumer token on an admin route, on
+    a destination or client id it is not limited to."""
 
 
 class ClientError(CanalError):

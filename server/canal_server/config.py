@@ -31,7 +31,11 @@ Layout (keys follow Canal's instance.properties where one exists)::
     flush_period_ms = 1000
 
     [auth]
-    tokens = []                           # bearer tokens; empty = no auth
+    tokens = []                           # bearer tokens with every right; none at all = no auth
+    admin = [{ token = "..." }]           # admin tokens: every right (also cluster changes)
+    consumer = [{ token = "...", destinations = ["example"], clients = ["c1"] }]
+                                          # consumer tokens: client routes only, optionally
+                                          # limited to destinations and/or client ids
 
     [tls]
     cert_file = ""                        # both set = HTTPS
@@ -109,6 +113,9 @@ from canal_server.filter import EventFilter
 from canal_server.secrets import Secret, SecretText
 
 __all__ = [
+    "AdminToken",
+    "AuthSection",
+    "ConsumerToken",
     "DestinationConfig",
     "NodeConfig",
     "SnapshotSection",
@@ -240,8 +247,45 @@ class MetaSection(_Section):
     flush_period_ms: int = Field(default=1000, gt=0, le=3_600_000)
 
 
+def _check_token(v: str) -> str:
+    if not v or not v.isprintable() or " " in v:
+        raise ValueError("a token must be a non-empty printable string without spaces")
+    return v
+
+
+class AdminToken(_Section):
+    """``[[auth.admin]]``: every right, including the routes that change the cluster."""
+
+    token: str
+
+    _token = field_validator("token")(_check_token)
+
+
+class ConsumerToken(_Section):
+    """``[[auth.consumer]]``: the client routes (and read-only node routes); None = any
+    destination / client id."""
+
+    token: str
+    destinations: list[str] | None = None
+    clients: list[str] | None = None
+
+    _token = field_validator("token")(_check_token)
+
+    @field_validator("destinations", "clients")
+    @classmethod
+    def _ids(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            if not v:
+                raise ValueError("give at least one, or leave the key out (= any)")
+            for x in v:
+                _check_id(x)
+        return v
+
+
 class AuthSection(_Section):
-    tokens: list[SecretText] = Field(default_factory=list, repr=False)
+    tokens: list[SecretText] = Field(default_factory=list, repr=False)  # full rights
+    admin: list[AdminToken] = Field(default_factory=list)
+    consumer: list[ConsumerToken] = Field(default_factory=list)
 
     @field_validator("tokens")
     @classmethod
@@ -249,6 +293,18 @@ class AuthSection(_Section):
         if any(not t or not t.isprintable() or " " in t for t in v):
             raise ValueError("tokens must be non-empty printable strings without spaces")
         return v
+
+    @model_validator(mode="after")
+    def _unique(self) -> AuthSection:
+        every = [*self.tokens, *(a.token for a in self.admin), *(c.token for c in self.consumer)]
+        if len(set(every)) != len(every):
+            raise ValueError("a token is listed twice (in tokens, admin or consumer)")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """Any token configured: every route but health, metrics and docs needs one."""
+        return bool(self.tokens or self.admin or self.consumer)
 
 
 class TlsSection(_Section):
@@ -521,8 +577,9 @@ def _toml_value(v: Any) -> str:
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, Mapping):  # an inline table, e.g. a secret's { env = "NAME" }
-        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, Mapping):  # an inline table (e.g. auth.consumer = [{token = ...}])
+        items = [f"{k} = {_toml_value(x)}" for k, x in v.items() if x is not None]
+        return "{ " + ", ".join(items) + " }"
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 

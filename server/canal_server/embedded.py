@@ -28,6 +28,11 @@ Semantics (Canal's server and client roles; docs/architecture.md, "Guarantees"):
   ``timeout_s``; ``Batch.empty()`` (id -1) when nothing arrives. Records the batch
   (id and position range of the raw entries it covers) in the MetaManager.
 * ``get``: the same, then ``ack``.
+* ``request_id`` (optional, on both): the client's name for one get, the same on its
+  retries. A get whose id already produced a batch answers that batch again (re-read
+  by its range; for ``get`` the acked batch itself) instead of taking the next one, so
+  a retry after a lost answer, even while the first attempt is still waiting, never
+  skips nor re-delivers anything. The last ``REQUEST_IDS`` ids per client are kept.
 * ``get_batch(client, id)``: an outstanding batch again, re-read from the store by its
   range (also after a restart, once the reader has re-read that far; until then
   it waits up to ``timeout_s`` and raises BatchUnavailable).
@@ -78,6 +83,7 @@ from canal_server.store import EventStore, StoredEvent, is_after
 __all__ = [
     "MAX_BATCH_SIZE",
     "MAX_TIMEOUT_S",
+    "REQUEST_IDS",
     "EmbeddedServer",
     "Start",
     "StartBounds",
@@ -88,6 +94,7 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH_SIZE = 65536
 MAX_TIMEOUT_S = 300.0
+REQUEST_IDS = 16  # get request ids remembered per client (retries of recent gets)
 
 
 Start = Literal["latest", "earliest"] | LogPosition
@@ -122,6 +129,8 @@ class _ClientState:
     lock: threading.Lock = field(default_factory=threading.Lock)
     acked_seq: int | None = None  # store seq of the cursor, when known in this store
     seqs: dict[int, tuple[int, int]] = field(default_factory=dict)  # batch id → seqs
+    requests: dict[str, int] = field(default_factory=dict)  # get request id → batch id
+    auto: tuple[str, Batch] | None = None  # the last auto-acked get: (request id, batch)
 
 
 _Pointer = int | LogPosition | None
@@ -217,7 +226,9 @@ class EmbeddedServer:
         return self.meta.cursor(client)
 
     # ---- get -------------------------------------------------------------------
-    def get_without_ack(self, client: str, size: int, timeout_s: float = 0.0) -> Batch:
+    def get_without_ack(
+        self, client: str, size: int, timeout_s: float = 0.0, request_id: str | None = None
+    ) -> Batch:
         self._check_size(size)
         self._check_timeout(timeout_s)
         deadline = time.monotonic() + timeout_s
@@ -225,7 +236,12 @@ class EmbeddedServer:
             state = self._state(client)
             with state.lock:
                 self._check_current(client, state)
+                again = self._answered(client, state, request_id)
+                if again is not None:
+                    return again
                 batch, wait_after = self._take(client, state, size)
+                if batch is not None and request_id is not None:
+                    _remember(state, request_id, batch.id)
             if batch is not None:
                 return batch
             remaining = deadline - time.monotonic()
@@ -233,11 +249,28 @@ class EmbeddedServer:
                 return Batch.empty()
             self.store.wait_for(wait_after, remaining)
 
-    def get(self, client: str, size: int, timeout_s: float = 0.0) -> Batch:
+    def get(
+        self, client: str, size: int, timeout_s: float = 0.0, request_id: str | None = None
+    ) -> Batch:
         """get_without_ack, then ack (Canal's get)."""
-        batch = self.get_without_ack(client, size, timeout_s)
-        if not batch.is_empty:
+        if request_id is not None:
+            state = self._state(client)
+            with state.lock:
+                if state.auto is not None and state.auto[0] == request_id:
+                    return state.auto[1]  # acked by the first attempt
+        batch = self.get_without_ack(client, size, timeout_s, request_id)
+        if batch.is_empty:
+            return batch
+        try:
             self.ack(client, batch.id)
+        except UnknownBatch:
+            if request_id is None:
+                raise
+            # a concurrent attempt with the same request id acked it first
+        if request_id is not None:
+            state = self._state(client)
+            with state.lock:
+                state.auto = (request_id, batch)
         return batch
 
     def get_batch(self, client: str, batch_id: int, timeout_s: float = 0.0) -> Batch:
@@ -431,6 +464,23 @@ class EmbeddedServer:
         )
         return Batch(batch_id, out, rng.start, rng.end), last.seq
 
+    def _answered(self, client: str, state: _ClientState, request_id: str | None) -> Batch | None:
+        """The batch an earlier attempt of ``request_id`` took, if still outstanding."""
+        if request_id is None or request_id not in state.requests:
+            return None
+        batch_id = state.requests[request_id]
+        if self.meta.batch(client, batch_id) is None:  # acked or rolled back since
+            del state.requests[request_id]
+            return None
+        log.info(
+            "%s: client %s retried get %s: batch %d again",
+            self.destination, client, request_id, batch_id,
+        )  # fmt: skip
+        batch = self._reread(client, state, batch_id)
+        if batch is None:  # only a batch restored from etcd lacks its range in the store
+            raise BatchUnavailable(f"{self.destination}: batch {batch_id} is not re-read yet")
+        return batch
+
     def _reread(self, client: str, state: _ClientState, batch_id: int) -> Batch | None:
         rng = self.meta.batch(client, batch_id)
         if rng is None:
@@ -459,6 +509,12 @@ class EmbeddedServer:
         state.acked_seq = seq
         if seq is not None:
             self.store.ack(client, seq)
+
+
+def _remember(state: _ClientState, request_id: str, batch_id: int) -> None:
+    state.requests[request_id] = batch_id
+    while len(state.requests) > REQUEST_IDS:
+        del state.requests[next(iter(state.requests))]
 
 
 def _check_start(start: object) -> None:

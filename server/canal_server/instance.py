@@ -541,6 +541,9 @@ class Instance:
     # -- the reader thread ---------------------------------------------------------------
 
     def _read_loop(self, term: _Term) -> None:
+        history = term.positions.get_latest(self.name)
+        if history is not None and isinstance(term.reader, BinlogReader):
+            term.reader.prefer_source(history.identity.source_address)
         delays = RetryPolicy(0.2, 2.0, 5.0).delays()
         while not term.stop.is_set():
             try:
@@ -554,6 +557,8 @@ class Instance:
                     break
                 fatal = isinstance(exc, PurgedPosition | BinlogConfigError | PositionNotFound)
                 wait = FATAL_RETRY_S if fatal else next(delays)
+                if _switched_after(term.reader, exc):
+                    wait = 0.0  # try the other source at once
                 term.set_status("failed" if fatal else "retrying", str(exc), type(exc).__name__)
                 if self.metrics is not None:
                     self.metrics.reader_error()
@@ -640,6 +645,13 @@ class Instance:
             f"({clients}) miss the changes before it"
         )
         log.error("%s: %s (epoch %d)", self.name, term.warning, term.epoch)
+
+
+def _switched_after(reader: BinlogReader | LocalBinlogReader, exc: Exception) -> bool:
+    """The reader could not reach its source before reading: after enough of those it
+    switches to the other configured source (``BinlogReader.note_start_failure``)."""
+    unreachable = isinstance(exc, pymysql.err.OperationalError | OSError)
+    return unreachable and isinstance(reader, BinlogReader) and reader.note_start_failure()
 
 
 def _gains_time(current: LogPosition, found: LogPosition) -> bool:

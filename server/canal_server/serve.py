@@ -12,6 +12,7 @@ most), release what nobody could take, revoke the node lease and exit 0.
 from __future__ import annotations
 
 import contextlib
+import gc
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ from canal_server.api import create_app
 from canal_server.config import NodeConfig
 from canal_server.node import Node
 
-__all__ = ["GRACEFUL_S", "run_node"]
+__all__ = ["GRACEFUL_S", "freeze_startup_objects", "run_node"]
 
 GRACEFUL_S = 3
 
@@ -56,6 +57,15 @@ class _NodeServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def freeze_startup_objects() -> None:
+    """Move every object made so far (modules, the app, the config) into the GC's
+    permanent generation: a full collection then walks only what came later. Before,
+    each gen-2 pass walked every imported module's objects: 50-450 ms pauses of the
+    whole node a few times a minute, the tail of commit → client latency."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_node(config: NodeConfig) -> int:
     """Start the node, serve until a signal, stop cleanly; the exit code."""
     node = Node(config)
@@ -78,6 +88,7 @@ def run_node(config: NodeConfig) -> int:
     )
     uv = _NodeServer(uv_config, node.begin_leaving)
     node.start()
+    freeze_startup_objects()
     try:
         uv.run()
     finally:

@@ -13,12 +13,11 @@ Pieces:
   served by two nodes, failover stall. One line printed, JSON in ``results/``.
 * ``harness.py``: ``ChaosRun`` (nodes from ``node_fixtures``, load, consumers, a
   /v1/health poller, faults, the final check); ``conftest.py``: the ``chaos_run``
-  fixture, markers and the ``chaos_full`` deselection.
+  fixture and the ``chaos`` marker.
 
 Commands::
 
-    .venv/bin/pytest tests/chaos                      # quick subset (also in scripts/test.sh)
-    .venv/bin/pytest tests/chaos --chaos-full         # every scenario
+    .venv/bin/pytest tests/chaos                      # every scenario (also in make test)
     .venv/bin/python tests/chaos/run_all.py           # every scenario + a summary table
-    CANAL_CHAOS_FULL=1 bash scripts/test.sh           # whole suite with every scenario
+    .venv/bin/python tests/chaos/nemesis.py --minutes 10 --seed 7   # random faults
 """

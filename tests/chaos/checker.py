@@ -88,8 +88,13 @@ class AckSeen:
 
 @dataclass(frozen=True)
 class Fault:
+    """A fault injected at ``t``; ``window_s`` (None: the check's ``dup_window_s``) is how
+    long before it an ack may be and still come again (e.g. a database failover's time
+    fallback replays more than one flush period)."""
+
     kind: str
     t: float
+    window_s: float | None = None
 
 
 @dataclass
@@ -210,10 +215,13 @@ def _dup_check(
                 result.duplicates += 1
                 acked = acks.get(prev.seq)
                 fault = _fault_before(faults, event.t)
+                window = dup_window_s
+                if fault is not None and fault.window_s is not None:
+                    window = fault.window_s
                 if (
                     acked is None
                     or acked > event.t
-                    or (fault is not None and acked >= fault.t - dup_window_s)
+                    or (fault is not None and acked >= fault.t - window)
                 ):
                     at_risk.add(prev.seq)
                 else:

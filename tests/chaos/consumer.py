@@ -11,7 +11,8 @@ For each non-empty batch it appends one JSON line ``{"ev": "batch", "seq", "t", 
 ``{tag}_*`` are listed (``op`` I/U/D, R for the rows of an incremental snapshot, ``v``
 the after-image version, the before-image one for deletes). ``--stall-after N``: after
 logging the N-th batch, never ack and write ``{"ev": "stalled"}`` (the scenario then
-kills it). SIGTERM stops it cleanly.
+kills it); SIGUSR1 does the same after the next batch (the nemesis: a consumer killed
+before its ack). SIGTERM stops it cleanly.
 """
 
 from __future__ import annotations
@@ -70,8 +71,16 @@ class _Stop(Exception):
     pass
 
 
+_stall_next = False  # SIGUSR1: stall after logging the next batch
+
+
 def _on_term(signum: int, frame: FrameType | None) -> None:
     raise _Stop
+
+
+def _on_usr1(signum: int, frame: FrameType | None) -> None:
+    global _stall_next
+    _stall_next = True
 
 
 def _write(out: IO[str], record: dict[str, Any]) -> None:
@@ -92,12 +101,15 @@ def main(argv: list[str] | None = None) -> int:
         exclusive=True, election=election, etcd_timeout_s=0.5,
     )  # fmt: skip
     signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGUSR1, _on_usr1)
     seq = 0
     with open(args.out, "a", encoding="utf-8") as out:
         _write(out, {"ev": "start", "t": time.time()})
         try:
             connector.connect()
-            connector.subscribe("", start="earliest")  # the load may start before it subscribes
+            # the load runs before the first consumer subscribes: from the destination's
+            # oldest held change (a new subscription starts at the end by default)
+            connector.subscribe("", start="earliest")
             while True:
                 batch = connector.get_without_ack(args.batch_size, 1.0)
                 if batch.is_empty:
@@ -108,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                     "epoch": connector.epoch, "url": connector.leader_url or "",
                     "ch": changes_of(batch, args.tag),
                 })  # fmt: skip
-                if args.stall_after and seq >= args.stall_after:
+                if _stall_next or (args.stall_after and seq >= args.stall_after):
                     _write(out, {"ev": "stalled", "t": time.time()})
                     while True:
                         time.sleep(3600)

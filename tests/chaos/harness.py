@@ -79,10 +79,12 @@ class ChaosRun:
     consumers: dict[tuple[str, str], list[ConsumerProc]] = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
     claims: set[tuple[int, str]] = field(default_factory=set)
+    # (time, destination, node url, epoch) of every /v1/health answer claiming leadership
+    leader_samples: list[tuple[float, str, str, int]] = field(default_factory=list)
     destinations: tuple[str, ...] = (DEST,)
     tag: str = field(default_factory=lambda: f"cz{uuid.uuid4().hex[:8]}")
     _stop: threading.Event = field(default_factory=threading.Event)
-    _poller: threading.Thread | None = None
+    _pollers: list[threading.Thread] = field(default_factory=list)
 
     # -- set-up -----------------------------------------------------------------------------
 
@@ -118,10 +120,17 @@ class ChaosRun:
         assert self.writer is not None
         self.writer.start()
 
-    def start_multi(self, destinations: Sequence[str], nodes: int = 3, **overrides: Any) -> None:
+    def start_multi(
+        self,
+        destinations: Sequence[str],
+        nodes: int = 3,
+        rate_txn_s: float = 40.0,
+        seed: int = 0,
+        **overrides: Any,
+    ) -> None:
         """Like ``start(load=False)`` with several destinations (same tables, own slave
         ids)."""
-        self.writer = LoadWriter(self.box.primary, self.tag).setup()
+        self.writer = LoadWriter(self.box.primary, self.tag, rate_txn_s, seed).setup()
         self.destinations = tuple(destinations)
         prefix = f"/t{uuid.uuid4().hex[:12]}"
         for i in range(1, nodes + 1):
@@ -174,16 +183,20 @@ class ChaosRun:
     # -- observation ------------------------------------------------------------------------
 
     def _start_poller(self) -> None:
-        def poll() -> None:
-            while not self._stop.wait(0.2):
-                for node in list(self.nodes):
-                    h = node.health() if node.is_running() else None
-                    for d in (h or {}).get("destinations", {}).values():
-                        if d.get("role") == "leader":
-                            self.claims.add((int(d["epoch"]), node.url))
+        """One poller per node (a paused node stalls only its own)."""
 
-        self._poller = threading.Thread(target=poll, name="chaos-poller", daemon=True)
-        self._poller.start()
+        def poll(node: NodeProc) -> None:
+            while not self._stop.wait(0.2):
+                h = node.health() if node.is_running() else None
+                for name, d in (h or {}).get("destinations", {}).items():
+                    if d.get("role") == "leader":
+                        self.claims.add((int(d["epoch"]), node.url))
+                        self.leader_samples.append((time.time(), name, node.url, int(d["epoch"])))
+
+        for node in self.nodes:
+            t = threading.Thread(target=poll, args=(node,), name=f"poll-{node.id}", daemon=True)
+            t.start()
+            self._pollers.append(t)
 
     def leader(self, destination: str = DEST, exclude: Sequence[NodeProc] = ()) -> NodeProc:
         return wait_leader(self.nodes, destination, WAIT_S, exclude)
@@ -245,9 +258,9 @@ class ChaosRun:
             timeout_s,
         )
 
-    def fault(self, kind: str) -> float:
+    def fault(self, kind: str, window_s: float | None = None) -> float:
         now = time.time()
-        self.faults.append(Fault(kind, now))
+        self.faults.append(Fault(kind, now, window_s))
         log.info("chaos %s: fault %s", self.name, kind)
         return now
 
@@ -317,5 +330,5 @@ class ChaosRun:
         for node in self.nodes:
             node.process.resume()
             node.process.stop(timeout_s=20)
-        if self._poller is not None:
-            self._poller.join(10)
+        for poller in self._pollers:
+            poller.join(10)

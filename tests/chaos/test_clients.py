@@ -33,7 +33,6 @@ def test_consumer_sigkill_before_ack(sandbox: Sandbox, chaos_run: MakeRun) -> No
 
 
 @pytest.mark.chaos
-@pytest.mark.chaos_full
 def test_server_sigkill_within_flush_period_after_acks(
     sandbox: Sandbox, chaos_run: MakeRun
 ) -> None:
@@ -52,7 +51,6 @@ def test_server_sigkill_within_flush_period_after_acks(
 
 
 @pytest.mark.chaos
-@pytest.mark.chaos_full
 def test_three_destinations_three_clients(sandbox: Sandbox, chaos_run: MakeRun) -> None:
     run = chaos_run(sandbox)
     dests = ("d1", "d2", "d3")

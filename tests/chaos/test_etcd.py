@@ -18,7 +18,6 @@ WINDOW_S = 0.2 + 1.0
 
 
 @pytest.mark.chaos
-@pytest.mark.chaos_full
 def test_one_of_three_etcd_members_killed(make_sandbox: SandboxFactory, chaos_run: MakeRun) -> None:
     box = make_sandbox(etcd_members=3)
     run = chaos_run(box).start(3)
@@ -35,7 +34,6 @@ def test_one_of_three_etcd_members_killed(make_sandbox: SandboxFactory, chaos_ru
 
 
 @pytest.mark.chaos
-@pytest.mark.chaos_full
 def test_etcd_quorum_lost_and_restored(make_sandbox: SandboxFactory, chaos_run: MakeRun) -> None:
     box = make_sandbox(etcd_members=3)
     run = chaos_run(box).start(3)

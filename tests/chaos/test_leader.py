@@ -38,7 +38,6 @@ def test_leader_sigkill_once(sandbox: Sandbox, chaos_run: MakeRun) -> None:
 
 
 @pytest.mark.chaos
-@pytest.mark.chaos_full
 def test_leader_sigkill_repeated(sandbox: Sandbox, chaos_run: MakeRun) -> None:
     run = chaos_run(sandbox).start(3)
     run.start_consumer("c1")
@@ -51,7 +50,6 @@ def test_leader_sigkill_repeated(sandbox: Sandbox, chaos_run: MakeRun) -> None:
 
 
 @pytest.mark.chaos
-@pytest.mark.chaos_full
 def test_zombie_leader_neither_serves_nor_writes(sandbox: Sandbox, chaos_run: MakeRun) -> None:
     run = chaos_run(sandbox).start(3)
     run.start_consumer("c1")

@@ -8,7 +8,10 @@
   ``Retry-After`` while no leader is known, the node is fenced or still starting.
 * Every response carries ``X-Canal-Epoch`` (the destination's; on node-wide routes
   the highest epoch of the node's destinations).
-* Bearer tokens when configured (not for ``/v1/health``, ``/metrics`` and ``/docs``).
+* Bearer tokens when configured (not for ``/v1/health``, ``/metrics`` and ``/docs``):
+  admin tokens (``auth.tokens``, ``auth.admin``) may do everything; consumer tokens
+  (``auth.consumer``) only the client routes, of the destinations and client ids they
+  are limited to, and the read-only node routes (``access.py``).
 * ``/docs`` is Swagger UI from the package's own files (``canal_server/static``): it
   works offline.
 * Blocking store calls (long polls) run in a worker thread, never on the event loop.
@@ -18,10 +21,10 @@
 
 Errors are ``{"error": code, "message": ..., "field"?: ..., "leader"?: ...}``:
 400 invalid_argument / bad_body, 413 payload_too_large (a body over 64 KiB), 401
-unauthorized, 404 unknown_destination / unknown_batch / not_found, 405
-method_not_allowed, 409 not_subscribed / batch_not_outstanding / handover_failed, 307
-not_leader, 503 no_leader / fenced / starting / unavailable / etcd_unavailable /
-handover_timeout.
+unauthorized, 403 forbidden (a consumer token out of its limits or on an admin route),
+404 unknown_destination / unknown_batch / not_found, 405 method_not_allowed, 409
+not_subscribed / batch_not_outstanding / handover_failed, 307 not_leader, 503 no_leader /
+fenced / starting / unavailable / etcd_unavailable / handover_timeout.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from fastapi.staticfiles import StaticFiles
 
 from canal_server.api import errors, routes_admin, routes_destinations, routes_docs, routes_node
 from canal_server.api import models as m
-from canal_server.api.deps import LeaderLookup, check_token, read_body
+from canal_server.api.access import Access
+from canal_server.api.deps import LeaderLookup, read_body, require_admin
 from canal_server.api.encoding import encode
 from canal_server.api.responses import EpochHeader
 from canal_server.node import Node
@@ -46,19 +50,22 @@ def create_app(node: Node) -> FastAPI:
         title="canal-ha",
         version="1",
         description=__doc__,
-        responses={401: {"model": m.ErrorBody}},
+        responses={401: {"model": m.ErrorBody}, 403: {"model": m.ErrorBody}},
         docs_url=None,  # routes_docs serves it from the package's own Swagger UI files
         redoc_url=None,  # ReDoc would load its script from a CDN
     )
     app.state.node = node
-    app.state.tokens = [t.encode() for t in node.config.auth.tokens]
+    app.state.access = Access(node.config.auth)
     errors.install(app)
     app.mount("/static", StaticFiles(directory=routes_docs.STATIC_DIR), name="static")
     app.include_router(routes_docs.router)
     app.include_router(routes_node.router)
     app.include_router(routes_destinations.router)
     app.include_router(routes_admin.router)
-    add_snapshot_routes(app, node, SnapshotRouteParts(check_token, _leader_of, encode, read_body))
+    parts = SnapshotRouteParts(
+        require_admin, _leader_of, encode, read_body
+    )  # they change the cluster
+    add_snapshot_routes(app, node, parts)
     app.add_middleware(EpochHeader, node=node)
     return app
 

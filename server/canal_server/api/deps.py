@@ -1,15 +1,29 @@
 """What routes depend on: the bearer-token check, the leader lookup of a destination
 route, request bodies and worker threads.
 
+Tokens (``access.py``): ``check_token`` (401 without a known token when the node has
+any; 403 when a consumer token is used on a destination or client id of the path it is
+not limited to) returns the token's ``Grant``; ``require_admin`` adds the admin role
+(403 for a consumer token). A route that changes the cluster (a snapshot, a step-down,
+rolling back another client) declares it::
+
+    @router.post("/v1/destinations/{destination}/snapshots",
+                 dependencies=[Depends(require_admin)])
+
+(FastAPI runs ``check_token`` once per request even when a router and ``require_admin``
+both depend on it.)
+
 ``LeaderLookup`` (the ``Lead`` dependency) knows the destination and client of a
 request and finds the destination's leader when the route asks (``call``), after it
 read its body: so a bad body is a 400 on any node, and the leader is looked up as late
-as possible. A standby answers 307, a node without a usable leader 503.
+as possible. A standby answers 307, a node without a usable leader 503. A node that has
+just won the election and is still loading its term holds the request (up to
+``STARTING_WAIT_S``) instead of answering 503: the first calls of clients that
+followed etcd's watch to it are served without a retry round.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +38,7 @@ from pydantic import BaseModel, ValidationError
 from canal_cluster.keys import Keys, validate_id
 from canal_cluster.running import RunningInfo
 from canal_protocol.errors import CanalError
+from canal_server.api.access import Access, Grant
 from canal_server.api.encoding import is_msgpack
 from canal_server.api.errors import ApiError, api_error_of, unavailable
 from canal_server.api.openapi import MAX_BODY, ClientPath, DestPath
@@ -34,19 +49,25 @@ from canal_server.node import Node
 __all__ = [
     "Lead",
     "LeaderLookup",
+    "TokenGrant",
     "bearer",
     "check_token",
     "in_thread",
     "leader_lookup",
     "node_of",
     "read_body",
+    "require_admin",
 ]
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 MAX_THREADS = 256  # long polls waiting at once, per app
+STARTING_WAIT_S = 2.0  # a request to a node that just won waits this long for its term
 
-bearer = HTTPBearer(auto_error=False, description="when the node has auth.tokens")
+bearer = HTTPBearer(
+    auto_error=False,
+    description="when the node has tokens (auth.tokens, auth.admin, auth.consumer)",
+)
 
 
 def node_of(request: Request) -> Node:
@@ -57,16 +78,38 @@ def node_of(request: Request) -> Node:
 async def check_token(
     request: Request,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-) -> None:
-    """401 unless the node has no tokens or the request carries one of them."""
-    tokens: list[bytes] = request.app.state.tokens
-    if not tokens:
-        return
+) -> Grant | None:
+    """The token's rights (None: the node has no tokens). 401 without a known token;
+    403 when a consumer token is limited to other destinations or client ids than the
+    path's."""
+    access: Access = request.app.state.access
+    if not access.enabled:
+        return None
     given = creds.credentials.encode() if creds is not None else b""
-    if not any(hmac.compare_digest(given, t) for t in tokens):
+    grant = access.grant_of(given)
+    if grant is None:
         raise ApiError(
             401, "unauthorized", "a valid bearer token is required",
             headers={"WWW-Authenticate": "Bearer"},
+        )  # fmt: skip
+    params = request.path_params
+    why = grant.refusal(params.get("destination"), params.get("client_id"))
+    if why is not None:
+        raise ApiError(403, "forbidden", why)
+    return grant
+
+
+TokenGrant = Annotated[Grant | None, Depends(check_token)]
+
+
+async def require_admin(request: Request, grant: TokenGrant) -> None:
+    """403 for a consumer token: the route changes the cluster (needs ``auth.admin`` or
+    ``auth.tokens``). Open when the node has no tokens."""
+    if grant is not None and not grant.is_admin:
+        raise ApiError(
+            403, "forbidden",
+            f"{request.method} {request.url.path} changes the cluster: it needs an admin "
+            "token (auth.admin or auth.tokens), not a consumer token",
         )  # fmt: skip
 
 
@@ -100,7 +143,7 @@ class LeaderLookup:
         view = node.view(d)
         if view.handing_to is not None:
             self._handing_over(view.leader, view.handing_to)
-        if view.role is Role.STARTING:
+        if view.role is Role.STARTING or self._won_not_ready():
             raise unavailable(  # ready in moments: no wait asked, the client's backoff paces
                 "starting", f"{d}: this node is starting to lead (epoch {view.epoch})", 0
             )
@@ -134,10 +177,29 @@ class LeaderLookup:
                      "X-Canal-Epoch": str(leader.epoch)},
         )  # fmt: skip
 
+    def _won_not_ready(self) -> bool:
+        """This node holds the election but its term is not serving yet (loading)."""
+        inst = node_of(self.request).instance(self.destination)
+        monitor = inst.monitor
+        if monitor is None or monitor.leader_epoch() is None:
+            return False
+        return inst.role()[0] in (Role.STANDBY, Role.STARTING)
+
+    async def ready_leader(self) -> tuple[EmbeddedServer, int]:
+        """``leader()``, waiting up to ``STARTING_WAIT_S`` while this node starts to lead."""
+        deadline = anyio.current_time() + STARTING_WAIT_S
+        while True:
+            try:
+                return self.leader()
+            except ApiError as err:
+                if err.code != "starting" or anyio.current_time() >= deadline:
+                    raise
+            await anyio.sleep(0.01)
+
     async def call(self, fn: Callable[[EmbeddedServer], T], op: str = "") -> tuple[T, int]:
         """``fn(server)`` on the leader, in a worker thread; (result, epoch). Errors
         become answers (``api_error_of``); 503 when the leadership ended meanwhile."""
-        server, epoch = self.leader()
+        server, epoch = await self.ready_leader()
         try:
             result = await in_thread(self.request, lambda: fn(server))
         except CanalError as exc:

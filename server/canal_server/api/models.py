@@ -120,6 +120,15 @@ class BatchRequest(_Request):
     timeout_ms: int = Field(default=0, ge=0, le=MAX_TIMEOUT_MS, description="long-poll wait")
     auto_ack: bool = Field(default=False, description="true: Canal's get (ack at once)")
     layout: Layout = Field(default="rows", description=LAYOUT_DOC)
+    request_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.:-]+$",
+        description="the client's name for this get, the same on its retries: a retry of a "
+        "get that already took a batch gets that batch again (nothing skipped, nothing "
+        "delivered twice); the last 16 per client are remembered",
+    )
 
 
 class CursorRequest(_Request):

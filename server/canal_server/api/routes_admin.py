@@ -14,7 +14,7 @@ from fastapi.responses import Response
 
 from canal_protocol.errors import CoordinationError, HandoverFailed, HandoverTimeout
 from canal_server.api import models as m
-from canal_server.api.deps import LeaderLookup, check_token, in_thread, node_of, read_body
+from canal_server.api.deps import LeaderLookup, in_thread, node_of, read_body, require_admin
 from canal_server.api.errors import ApiError, api_error_of, unavailable
 from canal_server.api.openapi import DestPath, body_doc, ok
 from canal_server.api.responses import respond
@@ -41,7 +41,7 @@ _RESPONSES = {
     "/v1/destinations/{destination}/step-down",
     responses=_RESPONSES,
     openapi_extra=body_doc(m.StepDownRequest, False),
-    dependencies=[Depends(check_token)],  # the admin token dependency, once roles exist
+    dependencies=[Depends(require_admin)],  # a step-down changes the cluster: admin tokens only
 )
 async def step_down(request: Request, destination: str = DestPath) -> Response:
     """Graceful handover: the leader stops serving, flushes its meta, and the chosen

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import ipaddress
 import socket
 import ssl
 import struct
@@ -96,14 +97,31 @@ def tls_context(
 
 
 def _connection_kwargs(conn: Mapping[str, Any]) -> dict[str, Any]:
-    """host/port/user/password (+ timeouts, TLS) of a DSN dict; other keys are dropped."""
+    """host/port/user/password (+ timeouts, TLS) of a DSN dict; other keys are dropped.
+
+    With ``tls`` (``db.tls.*``) the connection verifies as configured. Without it, TLS is
+    off for a loopback host: pymysql otherwise tries TLS ("preferred", without
+    verification) and builds a default SSL context for every connection, loading the
+    system's CA store: 30-100 ms per connection, several per new leader's start,
+    protecting nothing on loopback. Other hosts keep pymysql's default."""
     kw = {k: conn[k] for k in _CONN_KEYS if k in conn}
     kw.setdefault("connect_timeout", 5)
     kw["charset"] = "utf8mb4"
     tls = conn.get("tls")
     if tls:
         kw["ssl"] = tls_context(tls["ca"], tls["cert"], tls["key"], bool(tls["verify_identity"]))
+    elif _is_loopback(str(conn.get("host", ""))):
+        kw["ssl_disabled"] = True
     return kw
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _guarded_connect(**kwargs: Any) -> pymysql.connections.Connection[Any]:

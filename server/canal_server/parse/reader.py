@@ -137,6 +137,7 @@ class BinlogReader:
         self._lock = threading.Lock()
         self._stream: Any = None
         self._dump_errors = 0
+        self._start_failures = 0  # the source unreachable before reading began
         self._last: EntryPosition | None = None
         self._skip: tuple[str, int] = ("", 0)
         self._server_id = 0  # @@server_id of the database read (0: no dump yet)
@@ -150,6 +151,40 @@ class BinlogReader:
     @property
     def source(self) -> Mapping[str, Any]:
         return self._source
+
+    def prefer_source(self, address: str) -> None:
+        """Start on the standby when the destination last read from it (``address``, a
+        history position's source): a leader elected after a switch to the standby must
+        not go back to the master that failed (it would retry it forever). Call before
+        ``run``."""
+        standby = self.config.standby
+        if standby is None or self._source is standby or address != address_of(standby):
+            return
+        log.info(
+            "%s: the destination last read from the standby %s: starting there",
+            self.config.destination, address,
+        )  # fmt: skip
+        self._source = standby
+
+    def note_start_failure(self) -> bool:
+        """The source could not be reached before reading began (finding the start).
+        After ``detecting.retry_threshold`` such failures in a row, with a standby
+        configured, switch to the other source (True): the probe that switches a
+        running reader does not run yet."""
+        self._start_failures += 1
+        if self.config.standby is None:
+            return False
+        if self._start_failures < self.config.detecting.retry_threshold:
+            return False
+        self._start_failures = 0
+        new = self.config.standby if self._source is self.config.master else self.config.master
+        log.warning(
+            "%s: %s unreachable %d times before reading began, switching to %s",
+            self.config.destination, address_of(self._source),
+            self.config.detecting.retry_threshold, address_of(new),
+        )  # fmt: skip
+        self._source = new
+        return True
 
     @property
     def dump_error_count(self) -> int:
@@ -189,6 +224,7 @@ class BinlogReader:
         if not start.journal and not (self.config.gtid_mode and start.gtid):
             raise ValueError(f"start position needs a journal or a GTID state: {start}")
         self._switch.clear()
+        self._start_failures = 0
         self._last = start
         self._server_id = 0  # the finder chose ``start`` on whatever database answers now
         detector = self._start_detector()
@@ -245,9 +281,10 @@ class BinlogReader:
 
     def _dump(self, start: EntryPosition) -> None:
         """One dump connection: read until stopped or switched, or raise its error."""
-        state = start.gtid if self.config.gtid_mode and start.gtid else ""
-        if not state:
-            state = gtid_state_at(self._source, start.journal, start.offset)
+        # a found or committed position carries the GTID state there (the finder asks
+        # BINLOG_GTID_POS when it has none): asking again costs a scan of the binlog
+        # file up to the offset, on every new leader's start
+        state = start.gtid or gtid_state_at(self._source, start.journal, start.offset)
         size = self.config.transaction_size
         asm = TransactionAssembler(self._sink, start, state, size, self._skip)
         stream = self._open(start)
