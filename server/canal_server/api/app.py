@@ -62,9 +62,8 @@ def create_app(node: Node) -> FastAPI:
     app.include_router(routes_node.router)
     app.include_router(routes_destinations.router)
     app.include_router(routes_admin.router)
-    parts = SnapshotRouteParts(
-        require_admin, _leader_of, encode, read_body
-    )  # they change the cluster
+    # snapshots change the cluster: admin tokens only
+    parts = SnapshotRouteParts(require_admin, _leader_of, encode, read_body)
     add_snapshot_routes(app, node, parts)
     app.add_middleware(EpochHeader, node=node)
     return app
