@@ -99,7 +99,6 @@ def test_snapshot_leader_sigkill_mid_snapshot(sandbox: Sandbox, chaos_run: MakeR
 
 
 @pytest.mark.chaos
-@pytest.mark.chaos_full
 def test_snapshot_leader_sigstop_past_ttl(sandbox: Sandbox, chaos_run: MakeRun) -> None:
     run = chaos_run(sandbox).start(3, prefill=PREFILL, destination=SNAPSHOT)
     run.start_consumer("c1")
@@ -116,7 +115,6 @@ def test_snapshot_leader_sigstop_past_ttl(sandbox: Sandbox, chaos_run: MakeRun) 
 
 
 @pytest.mark.chaos
-@pytest.mark.chaos_full
 def test_snapshot_primary_killed_replica_promoted(
     make_sandbox: SandboxFactory, chaos_run: MakeRun
 ) -> None:
