@@ -195,3 +195,18 @@ def test_spark_etcd_options(pki: Pki, tmp_path: Path) -> None:
     assert err.value.key == "etcdPasswordFile"
     with_token = CanalOptions.parse({**base, "etcdPassword": "x", "tokenFile": str(pw)})
     assert with_token.token == "file-pw"
+
+
+def test_admin_and_consumer_tokens_take_the_secret_forms_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CANAL_T_ADMIN", "admin-" + SECRET)
+    token_file = tmp_path / "consumer"
+    token_file.write_text("consumer-" + SECRET + "\n")
+    config = config_from_dict(_config(auth={
+        "admin": [{"token": {"env": "CANAL_T_ADMIN"}}],
+        "consumer": [{"token": {"file": str(token_file)}, "destinations": ["example"]}],
+    }))  # fmt: skip
+    assert config.auth.admin[0].token == "admin-" + SECRET
+    assert config.auth.consumer[0].token == "consumer-" + SECRET
+    assert SECRET not in repr(config)

@@ -256,7 +256,7 @@ def _check_token(v: str) -> str:
 class AdminToken(_Section):
     """``[[auth.admin]]``: every right, including the routes that change the cluster."""
 
-    token: str
+    token: SecretText = Field(repr=False)
 
     _token = field_validator("token")(_check_token)
 
@@ -265,7 +265,7 @@ class ConsumerToken(_Section):
     """``[[auth.consumer]]``: the client routes (and read-only node routes); None = any
     destination / client id."""
 
-    token: str
+    token: SecretText = Field(repr=False)
     destinations: list[str] | None = None
     clients: list[str] | None = None
 
