@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
-from spark_fixtures import FakeConnector, FakeServer, make_entries
+from spark_fixtures import FakeConnector, FakeServer, arrow_rows, make_entries
 
 from canal_client.spark import CanalOptions, CanalStreamReader, ConnectorLike
 from canal_client.spark_rows import Offset, Row, entry_rows
@@ -72,7 +72,7 @@ class Engine:
 
     def run(self, n: int) -> None:
         parts = self.reader.partitions(self.offset(n - 1), self.offset(n))
-        self.sink[n] = [row for p in parts for row in self.reader.read(p)]
+        self.sink[n] = arrow_rows(b for p in parts for b in self.reader.read(p))
         self.committed = n
 
     def drain(self, limit: int = 1000) -> None:

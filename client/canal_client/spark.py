@@ -77,23 +77,42 @@ import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from canal_client.packed import PackedBatch, PackedEntry
+from canal_client.spark_arrow import record_batch
 from canal_client.spark_rows import (
-    FIELDS,
     MIN_KEY,
     EntryKey,
     Offset,
-    Row,
     entry_key,
-    entry_rows,
     entry_timestamp_ms,
 )
-from canal_protocol.errors import CanalError, ConfigError, ReplayMismatch
+from canal_client.spark_schema import (
+    TypedTable,
+    describe_change,
+    generic_ddl,
+    generic_struct,
+    shape_of,
+    typed_struct,
+)
+from canal_cluster.retry import RetryPolicy
+from canal_protocol import Batch
+from canal_protocol.errors import (
+    CanalError,
+    ConfigError,
+    ReplayMismatch,
+    RetryExhausted,
+    SchemaChanged,
+    UnknownTable,
+)
 
 __all__ = [
     "BinlogPoint",
@@ -106,17 +125,19 @@ __all__ = [
     "Ledger",
     "ProgressProbe",
     "batch_end",
+    "fetch_table",
     "gtid_covers",
     "parse_progress",
     "schema_ddl",
+    "table_filter",
 ]
 
 log = logging.getLogger("canal_client.spark")
 
 
 def schema_ddl() -> str:
-    """The source's schema as a Spark DDL string."""
-    return ", ".join(f"`{name}` {kind}" for name, kind in FIELDS)
+    """The map mode's schema as a Spark DDL string."""
+    return generic_ddl()
 
 
 # -- options ----------------------------------------------------------------------------
@@ -159,6 +180,12 @@ class CanalOptions:
     connector_factory: str = ""
     available_now_stall_s: float = 120.0
     starting_offsets: str = "earliest"
+    table: str = ""  # typed mode: "schema.table"
+
+    @property
+    def table_parts(self) -> tuple[str, str]:
+        schema, _, table = self.table.partition(".")
+        return schema, table
 
     @classmethod
     def parse(cls, opts: Mapping[str, str]) -> CanalOptions:
@@ -175,6 +202,11 @@ class CanalOptions:
         starting = str(opts.get("startingOffsets", "earliest")).strip().lower()
         if starting not in ("earliest", "latest"):
             raise ConfigError("startingOffsets", f"must be earliest or latest, got {starting!r}")
+        table = str(opts.get("table", "")).strip()
+        if table and not re.fullmatch(r"[^.\s]+\.[^\s]+", table):
+            raise ConfigError("table", f"must be schema.table, got {table!r}")
+        if table and str(opts.get("filter", "")).strip():
+            raise ConfigError("filter", "not with 'table': a typed query reads its one table")
         return cls(
             destination=str(opts["destination"]).strip(),
             client_id=str(opts["clientId"]).strip(),
@@ -192,17 +224,11 @@ class CanalOptions:
             connector_factory=factory,
             available_now_stall_s=float(_int(opts, "availableNowStallS", 120, 1, 86_400)),
             starting_offsets=starting,
+            table=table,
         )
 
 
 # -- the connector the reader needs (canal_client.connector's contract) ---------------------
-
-
-class BatchLike(Protocol):
-    @property
-    def id(self) -> int: ...
-    @property
-    def entries(self) -> Sequence[Any]: ...
 
 
 class ConnectorLike(Protocol):
@@ -213,15 +239,16 @@ class ConnectorLike(Protocol):
     def connect(self) -> None: ...
     def disconnect(self) -> None: ...
     def subscribe(self, filter: str = "", start: str | None = None) -> None: ...
-    def get_without_ack(self, size: int, timeout_s: float) -> BatchLike: ...
-    def get_batch(self, batch_id: int) -> BatchLike: ...
+    def get_without_ack(self, size: int, timeout_s: float) -> Batch: ...
+    def get_batch(self, batch_id: int) -> Batch: ...
     def ack(self, batch_id: int) -> None: ...
     def rollback(self, batch_id: int | None = None) -> None: ...
     def move_cursor(self, logfile: str, offset: int) -> dict[str, Any] | None: ...
 
 
-def make_connector(options: CanalOptions) -> ConnectorLike:
-    """A ClusterConnector for the options, or the ``connectorFactory`` ("module:function")."""
+def make_connector(options: CanalOptions, lookup: bool = False) -> ConnectorLike:
+    """A ClusterConnector for the options, or the ``connectorFactory`` ("module:function").
+    ``lookup``: for read-only calls (``table``): no rollback on connect, bounded retries."""
     if options.connector_factory:
         module, _, name = options.connector_factory.partition(":")
         factory: Callable[[CanalOptions], ConnectorLike] = getattr(
@@ -230,6 +257,9 @@ def make_connector(options: CanalOptions) -> ConnectorLike:
         return factory(options)
     from canal_client.connector import ClusterConnector
 
+    extra: dict[str, Any] = {}
+    if lookup:
+        extra = {"rollback_on_connect": False, "retry": LOOKUP_RETRY}
     return ClusterConnector(
         options.destination,
         options.client_id,
@@ -237,8 +267,41 @@ def make_connector(options: CanalOptions) -> ConnectorLike:
         servers=list(options.servers) or None,
         token=options.token,
         prefix=options.etcd_prefix,
-        exclusive=options.exclusive,
+        exclusive=options.exclusive and not lookup,
+        **extra,
     )
+
+
+LOOKUP_RETRY = RetryPolicy(initial_s=0.2, multiplier=2.0, max_delay_s=2.0, attempts=30)
+
+
+def table_filter(options: CanalOptions) -> str:
+    """The client filter of a query: ``filter``, or exactly the typed mode's table."""
+    if not options.table:
+        return options.filter
+    schema, table = options.table_parts
+    return re.escape(schema) + "\\." + re.escape(table)
+
+
+def fetch_table(options: CanalOptions) -> TypedTable:
+    """The typed mode's table as the leader answers it now (``GET .../tables/{t}``);
+    ``ConfigError`` naming ``table`` when it does not exist or no leader answers."""
+    conn = make_connector(options, lookup=True)
+    lookup = getattr(conn, "table", None)
+    if not callable(lookup):
+        raise ConfigError("table", f"{type(conn).__name__} cannot look tables up")
+    try:
+        conn.connect()
+        answer = lookup(options.table)
+    except UnknownTable as exc:
+        raise ConfigError("table", f"{options.table}: no such table ({exc})") from None
+    except (RetryExhausted, CanalError) as exc:
+        raise ConfigError(
+            "table", f"{options.table}: the destination's leader did not answer its columns: {exc}"
+        ) from None
+    finally:
+        conn.disconnect()
+    return TypedTable.from_wire(answer)
 
 
 # -- availableNow: where the source's binlog ends, how far the leader read ----------------
@@ -361,8 +424,9 @@ def batch_end(batch: Any) -> EntryKey:
         best = EntryKey.of(journal, int(end.offset))
     for entry in list(batch.entries)[-1:]:
         header = entry.header
-        stop = int(getattr(header, "end_offset", 0) or header.offset)
-        best = max(best, EntryKey.of(str(header.logfile), stop))
+        get = header.get if isinstance(header, Mapping) else partial(getattr, header)
+        stop = int(get("end_offset", 0) or get("offset", 0))
+        best = max(best, EntryKey.of(str(get("logfile", "")), stop))
     return best
 
 
@@ -373,7 +437,19 @@ def batch_end(batch: Any) -> EntryKey:
 class _Item:
     key: EntryKey
     timestamp_ms: int
-    rows: list[Row]
+    rows: int = 0  # Spark rows the entry gives in this query's mode
+    data: memoryview | None = None  # its msgpack bytes, when it gives rows
+    change: str = ""  # typed mode: how its table map differs from the query's schema
+
+
+Classify = Callable[[PackedEntry], tuple[int, str]]  # (Spark rows, schema change or "")
+
+
+def _all_rows(entry: PackedEntry) -> tuple[int, str]:
+    """Map mode: every ROWDATA entry (a DDL is one row)."""
+    if entry.type != "ROWDATA":
+        return 0, ""
+    return (1 if entry.is_ddl else entry.rows if entry.columns else 0), ""
 
 
 @dataclass
@@ -391,14 +467,18 @@ class Ledger:
     def covers(self, lo: EntryKey, hi: EntryKey) -> bool:
         return self.floor <= lo and hi <= self.top
 
-    def add(self, batch_id: int, entries: Sequence[Any]) -> int:
+    def add(
+        self, batch_id: int, entries: Sequence[PackedEntry], classify: Classify = _all_rows
+    ) -> int:
         """Append the entries after ``top`` (others were delivered before); count them."""
         added, last = 0, MIN_KEY
         for entry in entries:
             key = entry_key(entry)
             last = max(last, key)
             if key > self.top:
-                self.items.append(_Item(key, entry_timestamp_ms(entry), entry_rows(entry)))
+                rows, change = classify(entry)
+                data = entry.data if rows else None
+                self.items.append(_Item(key, entry_timestamp_ms(entry), rows, data, change))
                 added += 1
         self.batches = [b for b in self.batches if b[0] != batch_id] + [(batch_id, last)]
         return added
@@ -426,11 +506,14 @@ class Ledger:
 
 
 class CanalPartition(InputPartition):
-    """The rows of (part of) one micro-batch, shipped to the Python worker."""
+    """Entries of (part of) one micro-batch as the leader's msgpack bytes, joined:
+    decoded into Arrow by the executor (``read``)."""
 
-    def __init__(self, index: int, rows: list[Row]) -> None:
+    def __init__(self, index: int, data: bytes, count: int, rows: int) -> None:
         super().__init__(index)
-        self.rows = rows
+        self.data = data
+        self.count = count  # entries
+        self.rows = rows  # Spark rows they give
 
 
 class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -441,8 +524,15 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         options: CanalOptions,
         connector_factory: Callable[[CanalOptions], ConnectorLike] = make_connector,
         progress: ProgressProbe | None = None,
+        typed: TypedTable | None = None,
+        schema: StructType | None = None,
     ) -> None:
         self.options = options
+        self.typed = typed  # typed mode: the table as the leader answered it at query start
+        self.schema = schema or (typed_struct(typed) if typed is not None else generic_struct())
+        self._arrow: pa.Schema | None = None
+        self._shapes: dict[tuple[Any, Any], str] = {}  # typed mode: table map -> change
+        self._last_ddl = ""  # typed mode: the last DDL of the table seen (for the error)
         self.ledger = Ledger()
         self._factory = connector_factory
         self._connector: ConnectorLike | None = None
@@ -460,7 +550,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._connector is None:
             conn = self._factory(self.options)
             conn.connect()
-            conn.subscribe(self.options.filter, start=self.options.starting_offsets)
+            conn.subscribe(table_filter(self.options), start=self.options.starting_offsets)
             self._connector, self._epoch = conn, conn.epoch
             log.info("%s: canal source connected to %s", self._what(), conn.leader_url)
         return self._connector
@@ -468,10 +558,49 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _what(self) -> str:
         return f"{self.options.destination}/{self.options.client_id} (epoch {self._epoch})"
 
+    def _take(self, conn: ConnectorLike, timeout_s: float) -> PackedBatch:
+        """get_without_ack as the leader's bytes (a connector returning models: packed)."""
+        packed = getattr(conn, "get_without_ack_packed", None)
+        if callable(packed):
+            batch: PackedBatch = packed(self.options.batch_size, timeout_s)
+            return batch
+        return PackedBatch.of(conn.get_without_ack(self.options.batch_size, timeout_s))
+
+    def _again(self, conn: ConnectorLike, batch_id: int) -> PackedBatch:
+        packed = getattr(conn, "get_batch_packed", None)
+        if callable(packed):
+            batch: PackedBatch = packed(batch_id)
+            return batch
+        return PackedBatch.of(conn.get_batch(batch_id))
+
+    def classify(self, entry: PackedEntry) -> tuple[int, str]:
+        """(Spark rows the entry gives, schema change or ""); see ``_Item``."""
+        table = self.typed
+        if table is None:
+            return _all_rows(entry)
+        h = entry.header
+        if entry.type != "ROWDATA" or (h.get("schema"), h.get("table")) != (
+            table.schema,
+            table.table,
+        ):
+            return 0, ""
+        if entry.is_ddl:
+            self._last_ddl = f"{entry.sql!r} at {h.get('logfile')}:{h.get('offset')}"
+            return 1, ""
+        if entry.columns is None or not entry.rows:
+            return 0, ""
+        names, types, _ = entry.columns
+        change = self._shapes.get((names, types))
+        if change is None:
+            shape = shape_of(names, types)
+            change = "" if shape == table.shape else describe_change(table.shape, shape, types)
+            self._shapes[(names, types)] = change
+        return entry.rows, change
+
     def _fetch(self, timeout_s: float) -> int | None:
         """One get_without_ack into the ledger: how many new entries; None when none came."""
         conn = self._conn()
-        batch = conn.get_without_ack(self.options.batch_size, timeout_s)
+        batch = self._take(conn, timeout_s)
         if conn.epoch != self._epoch:
             log.warning(
                 "%s: leader changed to %s (epoch %d)", self._what(), conn.leader_url, conn.epoch
@@ -479,7 +608,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._epoch = conn.epoch
         if batch.id < 0 or not batch.entries:
             return None
-        added = self.ledger.add(batch.id, batch.entries)
+        added = self.ledger.add(batch.id, batch.entries, self.classify)
         self._served = max(self._served, batch_end(batch))
         log.debug("%s: batch %d, %d new entries", self._what(), batch.id, added)
         return added
@@ -502,6 +631,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._fill()
                 pending = self.ledger.between(begin.last, self.ledger.top)
             pending = self._admit(pending, limit)
+        pending = self._same_shape(pending)
         if not pending:
             return start
         last = pending[-1].key
@@ -509,6 +639,26 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.ledger.top > last:  # the batch holding ``last`` may end after it
             ids += [b for b, end in self.ledger.batches if end > last][:1]
         return Offset(begin.total + len(pending), last, tuple(ids)).to_dict()
+
+    def _same_shape(self, pending: list[_Item]) -> list[_Item]:
+        """The entries before the first one of another shape (typed mode); when that one
+        is next, everything before it is committed: stop the query (``SchemaChanged``)."""
+        changed = [i for i, it in enumerate(pending) if it.change]
+        if not changed:
+            return pending
+        if changed[0] > 0:
+            return pending[: changed[0]]
+        item, table = pending[0], self.typed
+        assert table is not None
+        ddl = f" after {self._last_ddl}" if self._last_ddl else ""
+        raise SchemaChanged(
+            f"{table.full_name} changed its columns{ddl}: {item.change}. The rows from "
+            f"{item.key} on have the new shape; the query stopped before them, everything "
+            f"before is committed. What to do: restart the query from its checkpoint; it "
+            f"reads the table's columns again (schema version {table.version or '?'} now) "
+            f"and continues with those rows, exactly once. Write it where the new "
+            f"columns fit (or read the table in map mode, without the option 'table')."
+        )
 
     def _fill(self, timeout_s: float | None = None) -> bool:
         """Up to maxBatchesPerTrigger batches with new entries (repeats do not count), the
@@ -619,13 +769,18 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin, stop = Offset.from_dict(start), Offset.from_dict(end)
         if stop.total <= begin.total:
             return []
-        items = self._range(begin, stop)
-        rows = [row for it in items for row in it.rows]
-        size = self.options.rows_per_partition
-        return [
-            CanalPartition(i, rows[at : at + size])
-            for i, at in enumerate(range(0, len(rows), size))
-        ]
+        items = [it for it in self._range(begin, stop) if it.data is not None]
+        parts: list[CanalPartition] = []
+        group: list[_Item] = []
+        rows, size = 0, self.options.rows_per_partition
+        for it in items:
+            group.append(it)
+            rows += it.rows
+            if rows >= size or it is items[-1]:
+                data = b"".join(g.data for g in group if g.data is not None)
+                parts.append(CanalPartition(len(parts), data, len(group), rows))
+                group, rows = [], 0
+        return parts
 
     def _range(self, begin: Offset, stop: Offset) -> list[_Item]:
         if not self.ledger.covers(begin.last, stop.last) and not self._refetch(begin, stop):
@@ -646,7 +801,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         conn, trial = self._conn(), Ledger(floor=begin.last)
         try:
             for batch_id in stop.batches:
-                trial.add(batch_id, conn.get_batch(batch_id).entries)
+                trial.add(batch_id, self._again(conn, batch_id).entries, self.classify)
         except CanalError as exc:
             log.info("%s: planned batches not outstanding any more (%s)", self._what(), exc)
             return False
@@ -667,9 +822,14 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
             self._fetch(self.options.poll_timeout_s or 1.0)
 
-    def read(self, partition: InputPartition) -> Iterator[Row]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """On the executor: the partition's entries decoded into one Arrow RecordBatch."""
         assert isinstance(partition, CanalPartition)
-        yield from partition.rows
+        if self._arrow is None:
+            self._arrow = to_arrow_schema(self.schema, timezone="UTC")  # as PySpark checks
+        batch = record_batch(partition.data, partition.count, self._arrow, self.typed)
+        if batch.num_rows:
+            yield batch
 
     def commit(self, end: dict[str, Any]) -> None:
         self._settle(Offset.from_dict(end).last)
@@ -718,13 +878,26 @@ class CanalDataSource(DataSource):
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         self.parsed = CanalOptions.parse(options)
+        self.typed: TypedTable | None = None
 
     @classmethod
     def name(cls) -> str:
         return "canal"
 
-    def schema(self) -> str:
-        return schema_ddl()
+    def schema(self) -> StructType:
+        """Map mode: ``generic_struct()``; typed mode: the table's columns, asked of the
+        destination's leader now (kept: this object is pickled after this call)."""
+        if not self.parsed.table:
+            return generic_struct()
+        self.typed = fetch_table(self.parsed)
+        log.info(
+            "%s: typed stream of %s, schema version %s: %s",
+            self.parsed.destination, self.typed.full_name, self.typed.version,
+            ", ".join(f"{n} {k}" for n, k in self.typed.shape),
+        )  # fmt: skip
+        return typed_struct(self.typed)
 
     def streamReader(self, schema: StructType) -> CanalStreamReader:
-        return CanalStreamReader(self.parsed)
+        if self.parsed.table and self.typed is None:  # a schema given by the user
+            self.typed = fetch_table(self.parsed)
+        return CanalStreamReader(self.parsed, typed=self.typed, schema=schema)

@@ -22,6 +22,7 @@
     │   ├── UnknownBatch            batch id unknown, acked or rolled back (404/409)
     │   ├── BatchUnavailable        an outstanding batch's entries are not (yet) stored (503)
     │   ├── StartUnavailable        a new subscription's start is not known yet (503)
+    │   ├── UnknownTable            the destination's database has no such table (404)
     │   ├── InvalidArgument         a bad argument; names the field (400)
     │   └── Unauthorized            no or bad bearer token (401)
     ├── CoordinationError           etcd and elections
@@ -32,7 +33,8 @@
         ├── LeaderUnavailable       503 / no leader known yet (``retry_after_s``)
         ├── StaleLeader             a reply carried a lower epoch than one already seen
         ├── UnexpectedResponse      a reply the client cannot use (status, body, redirects)
-        └── ReplayMismatch          (Spark source) a replayed micro-batch differs from its plan
+        ├── ReplayMismatch          (Spark source) a replayed micro-batch differs from its plan
+        └── SchemaChanged           (Spark source) a typed stream's table changed its columns
 
 Later packages add their own subclasses of ``CanalError`` here, so that one
 ``except CanalError`` catches every deliberate failure of the project.
@@ -62,6 +64,7 @@ __all__ = [
     "SandboxError",
     "SandboxStartError",
     "SandboxStateError",
+    "SchemaChanged",
     "ServerError",
     "ServerUnreachable",
     "StaleLeader",
@@ -72,6 +75,7 @@ __all__ = [
     "UnexpectedResponse",
     "UnknownBatch",
     "UnknownDestination",
+    "UnknownTable",
 ]
 
 
@@ -195,6 +199,10 @@ class StartUnavailable(ServerError):
     where to begin (503, retry)."""
 
 
+class UnknownTable(ServerError):
+    """The destination's database has no such table (or no such schema)."""
+
+
 class Unauthorized(ServerError):
     """No or a bad bearer token (401)."""
 
@@ -225,3 +233,8 @@ class UnexpectedResponse(ClientError):
 
 class ReplayMismatch(ClientError):
     """The Spark source could not rebuild a planned micro-batch exactly (count or range)."""
+
+
+class SchemaChanged(ClientError):
+    """A typed Spark stream met rows of its table with other columns than the query's
+    schema (an ALTER TABLE): the message names the table, the change and what to do."""

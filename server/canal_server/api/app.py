@@ -28,7 +28,13 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from canal_server.api import errors, routes_destinations, routes_docs, routes_node
+from canal_server.api import (
+    errors,
+    routes_destinations,
+    routes_docs,
+    routes_node,
+    routes_tables,
+)
 from canal_server.api import models as m
 from canal_server.api.responses import EpochHeader
 from canal_server.node import Node
@@ -53,5 +59,6 @@ def create_app(node: Node) -> FastAPI:
     app.include_router(routes_docs.router)
     app.include_router(routes_node.router)
     app.include_router(routes_destinations.router)
+    app.include_router(routes_tables.router)
     app.add_middleware(EpochHeader, node=node)
     return app

@@ -31,10 +31,12 @@ from canal_server.instance import Role
 from canal_server.node import Node
 
 __all__ = [
+    "DestLead",
     "Lead",
     "LeaderLookup",
     "bearer",
     "check_token",
+    "destination_lookup",
     "in_thread",
     "leader_lookup",
     "node_of",
@@ -91,7 +93,8 @@ class LeaderLookup:
         503 while none is usable; 400/404 for a bad id or an unknown destination."""
         d, node = self.destination, node_of(self.request)
         validate_id(d, "destination")
-        Keys().client_prefix(d, self.client_id)  # InvalidArgument("client_id")
+        if self.client_id:  # "" for routes of the destination itself (DestLead)
+            Keys().client_prefix(d, self.client_id)  # InvalidArgument("client_id")
         serving = node.instance(d).serving()
         if serving is not None:
             return serving
@@ -138,6 +141,13 @@ async def leader_lookup(
 
 
 Lead = Annotated[LeaderLookup, Depends(leader_lookup)]
+
+
+async def destination_lookup(request: Request, destination: str = DestPath) -> LeaderLookup:
+    return LeaderLookup(request, destination, "")
+
+
+DestLead = Annotated[LeaderLookup, Depends(destination_lookup)]  # routes without a client
 
 
 def _too_large() -> ApiError:

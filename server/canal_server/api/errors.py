@@ -24,6 +24,7 @@ from canal_protocol.errors import (
     StoreError,
     UnknownBatch,
     UnknownDestination,
+    UnknownTable,
 )
 from canal_server.api.encoding import encode
 
@@ -72,6 +73,8 @@ def api_error_of(exc: BaseException, destination: str = "", op: str = "") -> Api
             return ApiError(400, "invalid_argument", str(exc), field=exc.field)
         case UnknownDestination():
             return ApiError(404, "unknown_destination", str(exc))
+        case UnknownTable():
+            return ApiError(404, "unknown_table", str(exc), field="table")
         case UnknownBatch() if op == "get":
             return ApiError(404, "unknown_batch", str(exc))
         case UnknownBatch():
