@@ -87,7 +87,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--failover-switch-delay", type=float, default=1.0, help="election.switch_delay_s (s)"
     )
     p.add_argument("--rss-rows", type=int, default=100_000)
-    p.add_argument("--spark-example", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     only = [n for n in args.only.split(",") if n]
@@ -135,7 +134,6 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "rss_rows": args.rss_rows,
         "failover_ttl_s": args.failover_ttl,
         "failover_switch_delay_s": args.failover_switch_delay,
-        "spark_example": str(args.spark_example or ""),
     }
 
 

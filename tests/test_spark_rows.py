@@ -157,3 +157,37 @@ def test_bad_options_are_refused_with_their_name(options: dict[str, str], key: s
     with pytest.raises(ConfigError) as info:
         CanalOptions.parse(options)
     assert info.value.key == key
+
+
+def test_arrow_rows_equal_entry_rows_for_every_value_form() -> None:
+    """The executors' Arrow decoding (map mode) gives exactly ``entry_rows``' rows."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from spark_fixtures import arrow_rows
+
+    from canal_client.packed import PackedBatch
+    from canal_client.spark_arrow import record_batch
+    from canal_client.spark_schema import generic_struct
+    from canal_protocol import Batch
+
+    def image(*values: Any) -> list[dict[str, Any]]:
+        kinds = [("k", "varchar(20)", True), ("b", "varbinary(4)", True), ("u", "bigint unsigned",
+                  False), ("f", "double", False), ("t", "text", False), ("y", "year", False)]  # fmt: skip
+        return [col(n, v, key, t) for (n, t, key), v in zip(kinds, values, strict=True)]
+
+    odd = ['a"b\\c', b"\x00\xff", 18446744073709551615, 1e20, "héllo\n😀", 2155]
+    plain = ["x", b"", 0, -0.5, None, 0]
+    entries = [
+        rowdata("INSERT", [{"before": [], "after": image(*odd)}, {"before": [],
+                "after": image(*plain)}]),  # fmt: skip
+        rowdata("UPDATE", [{"before": image(*plain), "after": image(*odd)}]),
+        rowdata("DELETE", [{"before": image(*odd), "after": []}]),
+        rowdata("INSERT", [{"before": [], "after": image(None, None, None, None, None, None)}]),
+        ddl_entry("ALTER TABLE t.items ADD c int", 9000),
+        *make_entries(2, 3),
+    ]
+    packed = PackedBatch.of(Batch(1, [Entry.from_wire(e) for e in entries]))
+    data = b"".join(e.data for e in packed.entries)
+    schema = to_arrow_schema(generic_struct(), timezone="UTC")
+    got = arrow_rows([record_batch(data, len(packed.entries), schema)])
+    assert got == [row for e in entries for row in entry_rows(e)]
+    assert json.loads(got[0][COL["primary_key"]]) == {"k": 'a"b\\c', "b": "AP8="}

@@ -14,15 +14,16 @@ and DDL entries give rows; a zero date is null and its text goes to ``raw``.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from canal_client.packed import iter_entries
+from canal_client.spark_rows import value_text
 from canal_client.spark_schema import TypedTable, describe_change, shape_of
 from canal_protocol.entry import is_binary_type
 from canal_protocol.errors import SchemaChanged, UnexpectedResponse
@@ -65,7 +66,7 @@ def _text(v: Any) -> str:
 
 
 def _b64(v: Any) -> str:
-    return base64.b64encode(bytes(v)).decode("ascii")
+    return binascii.b2a_base64(v, newline=False).decode("ascii")
 
 
 def _json_value(v: Any, binary: bool) -> str:
@@ -103,53 +104,109 @@ class _Images:
         raise NotImplementedError
 
 
+_INT_TYPES = re.compile(r"^(tiny|small|medium|big)?int( unsigned)?$|^year$|^bit\((\d+)\)$")
+_STR_TYPES = re.compile(
+    r"^(var)?char\(|^(tiny|medium|long)?text$|^enum\(|^set\(|^decimal\(|^date$|^(date)?time"
+    r"|^timestamp"
+)
+_TAKE: dict[tuple[int, int], pa.Array] = {}  # (rows, width) -> row-major take indices
+
+
+def _text_way(mysql_type: str) -> pa.DataType | str:
+    """How a column's values become map text: an Arrow type to cast from, or ``b64``/
+    ``py`` (Python, ``value_text``)."""
+    m = _INT_TYPES.match(mysql_type)
+    if m:
+        wide = "unsigned" in mysql_type or (m.group(3) is not None and int(m.group(3)) == 64)
+        return pa.uint64() if wide else pa.int64()
+    if _STR_TYPES.match(mysql_type):
+        return pa.string()
+    return "b64" if is_binary_type(mysql_type) else "py"
+
+
+def _column_text(values: Sequence[Any], way: pa.DataType | str) -> pa.Array:
+    """One column's values as text (``value_text``'s), computed by Arrow where it can."""
+    try:
+        if isinstance(way, pa.DataType):
+            array = pa.array(values, way)
+            return array if way == pa.string() else array.cast(pa.string())
+        if way == "b64":
+            return pa.array([None if v is None else _b64(v) for v in values], pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+        pass  # not of the declared type: value by value
+    return pa.array([value_text(v) for v in values], pa.string())
+
+
+def _row_major(columns: list[pa.Array], rows: int) -> pa.Array:
+    """The values of ``columns`` (each ``rows`` long) row after row."""
+    width = len(columns)
+    take = _TAKE.get((rows, width))
+    if take is None:
+        take = pa.array([c * rows + r for r in range(rows) for c in range(width)], pa.int32())
+        if len(_TAKE) > 4096:
+            _TAKE.clear()
+        _TAKE[(rows, width)] = take
+    return pa.concat_arrays(columns).take(take)
+
+
 class _MapImages(_Images):
+    """Map mode: each image a map of column name → text, built per entry by Arrow."""
+
     def __init__(self) -> None:
         self.keys: tuple[list[str], list[str]] = ([], [])
-        self.values: tuple[list[str | None], list[str | None]] = ([], [])
+        self.values: tuple[list[pa.Array], list[pa.Array]] = ([], [])
         self.offsets: tuple[list[int], list[int]] = ([0], [0])
         self.nulls: tuple[list[bool], list[bool]] = ([], [])
+        self.primary: list[pa.Array] = []
+        self._ways: dict[tuple[str, ...], list[pa.DataType | str]] = {}
 
     def add(self, cols: Any, before: Sequence[Any], after: Sequence[Any], n: int) -> None:
-        names = cols["names"]
-        binary = {i for i, t in enumerate(cols["mysql_types"]) if is_binary_type(t)}
+        names, types = cols["names"], cols["mysql_types"]
+        ways = self._ways.get(types)
+        if ways is None:
+            ways = self._ways[types] = [_text_way(t) for t in types]
         for side, images in enumerate((before, after)):
             offsets, nulls = self.offsets[side], self.nulls[side]
             if not images:
                 offsets.extend([offsets[-1]] * n)
                 nulls.extend([True] * n)
                 continue
+            columns = [
+                _column_text(values, way)
+                for values, way in zip(zip(*images, strict=True), ways, strict=True)
+            ]
+            self.values[side].append(_row_major(columns, len(images)))
             self.keys[side].extend(names * len(images))
-            if binary:
-                conv: list[Callable[[Any], str]] = [
-                    _b64 if i in binary else _text for i in range(len(names))
-                ]
-                texts = [None if v is None else conv[i](v) for r in images for i, v in enumerate(r)]
-            else:
-                texts = [None if v is None else _text(v) for r in images for v in r]
-            self.values[side].extend(texts)
             last, width = offsets[-1], len(names)
             offsets.extend(range(last + width, last + width * (len(images) + 1), width))
             nulls.extend([False] * n)
+        # a DELETE's key: its before image
+        self.primary.append(pa.array(_key_texts(cols, after or before), pa.string()))
 
     def add_null(self, n: int) -> None:
         for side in (0, 1):
             self.offsets[side].extend([self.offsets[side][-1]] * n)
             self.nulls[side].extend([True] * n)
+        self.primary.append(pa.nulls(n, pa.string()))
 
     def arrays(self, types: tuple[pa.DataType, pa.DataType]) -> tuple[pa.Array, pa.Array]:
         out = []
         for side in (0, 1):
+            chunks = self.values[side]
+            values = pa.concat_arrays(chunks) if chunks else pa.array([], pa.string())
             out.append(
                 pa.MapArray.from_arrays(
                     pa.array(self.offsets[side], pa.int32()),
                     pa.array(self.keys[side], pa.string()),
-                    pa.array(self.values[side], pa.string()),
+                    values,
                     type=types[side],
                     mask=pa.array(self.nulls[side], pa.bool_()),
                 )
             )
         return out[0], out[1]
+
+    def primary_keys(self) -> pa.Array:
+        return pa.concat_arrays(self.primary) if self.primary else pa.array([], pa.string())
 
 
 class _StructImages(_Images):
@@ -251,7 +308,9 @@ class RowsBuilder:
     def __init__(self, schema: pa.Schema, table: TypedTable | None = None) -> None:
         self.schema = schema
         self.table = table
-        self.top: dict[str, list[Any]] = {name: [] for name in _TOP}
+        self.top: dict[str, list[Any]] = {name: [] for name in _TOP if name != "row_index"}
+        self.row_index: list[int] = []
+        self.entry_of_row: list[int] = []  # the entry (index into ``top``) of each row
         self.keys: list[str | None] = []
         self.images: _Images = _StructImages(table) if table is not None else _MapImages()
         self.rows = 0
@@ -261,15 +320,17 @@ class RowsBuilder:
         return t is None or (header.get("schema") == t.schema and header.get("table") == t.table)
 
     def _top(self, h: Any, n: int, is_ddl: bool, sql: str | None) -> None:
-        top = self.top
+        """The entry's header fields, once per entry (``finish`` repeats them per row)."""
+        top, entry = self.top, len(self.top["offset"])
         for name in ("schema", "table", "event_type", "gtid", "logfile"):
-            top[name].extend([str(h.get(name, ""))] * n)
-        top["is_ddl"].extend([is_ddl] * n)
-        top["sql"].extend([sql] * n)
-        top["offset"].extend([int(h.get("offset", 0))] * n)
-        top["row_index"].extend(range(n))
-        top["server_id"].extend([int(h.get("server_id", 0))] * n)
-        top["commit_ts"].extend([int(h.get("timestamp_ms", 0)) * 1000] * n)
+            top[name].append(str(h.get(name, "")))
+        top["is_ddl"].append(is_ddl)
+        top["sql"].append(sql)
+        top["offset"].append(int(h.get("offset", 0)))
+        top["server_id"].append(int(h.get("server_id", 0)))
+        top["commit_ts"].append(int(h.get("timestamp_ms", 0)) * 1000)
+        self.row_index.extend(range(n))
+        self.entry_of_row.extend([entry] * n)
         self.rows += n
 
     def add(self, entry: Any) -> None:
@@ -280,7 +341,8 @@ class RowsBuilder:
             return
         if entry.get("is_ddl"):
             self._top(h, 1, True, str(entry.get("sql") or ""))
-            self.keys.append(None)
+            if isinstance(self.images, _StructImages):
+                self.keys.append(None)
             self.images.add_null(1)
             return
         cols = entry.get("columns")
@@ -290,19 +352,28 @@ class RowsBuilder:
             return
         if isinstance(self.images, _StructImages):
             self.images._check(cols, f"{h.get('logfile')}:{h.get('offset')}")
+            key_images = before if h.get("event_type") == "DELETE" or not after else after
+            self.keys.extend(_key_texts(cols, key_images))  # a DELETE's: its before image
         self._top(h, n, False, None)
-        key_images = before if h.get("event_type") == "DELETE" or not after else after
-        self.keys.extend(_key_texts(cols, key_images))
         self.images.add(cols, before, after, n)
 
     def finish(self) -> pa.RecordBatch:
         schema = self.schema
-        arrays = [pa.array(self.top[name], schema.field(name).type) for name in _TOP]
+        rows = pa.array(self.entry_of_row, pa.int32())
+        arrays = [
+            pa.array(self.row_index, schema.field(name).type)
+            if name == "row_index"
+            else pa.array(self.top[name], schema.field(name).type).take(rows)
+            for name in _TOP
+        ]
         before, after = self.images.arrays(
             (schema.field("before").type, schema.field("after").type)
         )
-        arrays += [before, after, pa.array(self.keys, schema.field("primary_key").type)]
-        if isinstance(self.images, _StructImages):
+        if isinstance(self.images, _MapImages):
+            arrays += [before, after, self.images.primary_keys()]
+        else:
+            arrays += [before, after, pa.array(self.keys, schema.field("primary_key").type)]
+            assert isinstance(self.images, _StructImages)
             arrays.append(self.images.raw_array(self.rows, schema.field("raw").type))
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
