@@ -170,15 +170,18 @@ def test_arrow_rows_equal_entry_rows_for_every_value_form() -> None:
     from canal_protocol import Batch
 
     def image(*values: Any) -> list[dict[str, Any]]:
-        kinds = [("k", "varchar(20)", True), ("b", "varbinary(4)", True), ("u", "bigint unsigned",
-                  False), ("f", "double", False), ("t", "text", False), ("y", "year", False)]  # fmt: skip
+        kinds = [
+            ("k", "varchar(20)", True), ("b", "varbinary(4)", True),
+            ("u", "bigint unsigned", False), ("f", "double", False), ("t", "text", False),
+            ("y", "year", False),
+        ]  # fmt: skip
         return [col(n, v, key, t) for (n, t, key), v in zip(kinds, values, strict=True)]
 
     odd = ['a"b\\c', b"\x00\xff", 18446744073709551615, 1e20, "héllo\n😀", 2155]
     plain = ["x", b"", 0, -0.5, None, 0]
     entries = [
-        rowdata("INSERT", [{"before": [], "after": image(*odd)}, {"before": [],
-                "after": image(*plain)}]),  # fmt: skip
+        rowdata("INSERT", [{"before": [], "after": image(*odd)}]),
+        rowdata("INSERT", [{"before": [], "after": image(*plain)}]),
         rowdata("UPDATE", [{"before": image(*plain), "after": image(*odd)}]),
         rowdata("DELETE", [{"before": image(*odd), "after": []}]),
         rowdata("INSERT", [{"before": [], "after": image(None, None, None, None, None, None)}]),
