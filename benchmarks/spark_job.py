@@ -64,6 +64,8 @@ def session(master: str) -> SparkSession:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
+        # Python workers start slowly on a busy machine (the default wait is 15 s)
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
@@ -113,6 +115,12 @@ def stream(
         "steady_rows": steady_rows, "steady_s": round(steady_s, 3),
         "rows_per_s": steady_rows / steady_s if steady_s > 0 else 0.0,
         "output": str(out),
+        "batches": [
+            {"rows": int(p["numInputRows"]), "ms": int(p["batchDuration"]),
+             **{k: int(v) for k, v in p["durationMs"].items()
+                if k in ("latestOffset", "addBatch", "walCommit", "commitOffsets")}}
+            for p in batches
+        ],
     }  # fmt: skip
 
 

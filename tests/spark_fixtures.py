@@ -270,6 +270,8 @@ def spark() -> Iterator[Any]:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
+        # Python workers start slowly on a busy machine (the default wait is 15 s)
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )
