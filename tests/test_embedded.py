@@ -438,3 +438,22 @@ def test_random_ops_with_client_filter_deliver_exactly_the_matching_entries(
         acked.extend(b.entries)
     assert acked == wanted
     assert store.stats()[0] == 0, "everything stored was delivered or skipped, then freed"
+
+
+def test_a_batch_holds_the_entries_of_one_database() -> None:
+    """After a database switch the store holds entries of two sources: a batch never
+    mixes them (its start and end name the database of every entry in it)."""
+    from canal_protocol.positions import LogIdentity
+
+    server, store, fac = _server()
+    server.subscribe("c")
+    old = _put(store, fac.rows(3))
+    standby = LogIdentity("127.0.0.1:3307", IDENTITY.slave_id)
+    new = fac.rows(3)
+    assert store.put(new, standby) == 3
+    first = server.get_without_ack("c", 10)
+    assert list(first.entries) == old and first.end is not None
+    assert first.end.identity == IDENTITY
+    second = server.get_without_ack("c", 10)
+    assert list(second.entries) == new and second.start is not None
+    assert second.start.identity == second.end.identity == standby  # type: ignore[union-attr]

@@ -194,3 +194,41 @@ def test_arrow_rows_equal_entry_rows_for_every_value_form() -> None:
     got = arrow_rows([record_batch(data, len(packed.entries), schema)])
     assert got == [row for e in entries for row in entry_rows(e)]
     assert json.loads(got[0][COL["primary_key"]]) == {"k": 'a"b\\c', "b": "AP8="}
+
+
+def test_keys_of_two_databases_compare_by_gtid_and_place() -> None:
+    primary = EntryKey.of("mariadb-bin.000009", 5000, source="db1:3306", gtid="0-1-41", sub=2)
+    replica = EntryKey.of("mariadb-bin.000001", 300, source="db2:3306", gtid="0-2-42", sub=0)
+    assert primary < replica and replica > primary  # binlog order would say the opposite
+    same_tx = EntryKey.of("mariadb-bin.000001", 200, source="db2:3306", gtid="0-1-41", sub=3)
+    assert primary < same_tx and EntryKey.of("x.000001", 1, source="db2:3306", gtid="0-1-41",
+                                             sub=1) < primary  # fmt: skip
+    unknown = EntryKey.of("mariadb-bin.000001", 100, source="db2:3306", gtid="0-1-41")
+    assert unknown > primary  # an unknown place: kept rather than lost
+    other_domain = EntryKey.of("mariadb-bin.000001", 1, source="db2:3306", gtid="1-2-99", sub=0)
+    assert other_domain < primary  # no common domain: binlog order
+    assert EntryKey.of("mariadb-bin.000010", 4, source="db1:3306", gtid="0-1-1") > primary
+    off = Offset(3, primary, (1,))
+    assert Offset.from_dict(json.loads(json.dumps(off.to_dict()))) == off
+
+
+def test_the_ledger_places_entries_in_their_transaction() -> None:
+    from canal_client.packed import PackedBatch
+    from canal_client.spark import Ledger
+    from canal_protocol import Batch
+
+    entries = make_entries(2, 1)  # BEGIN, ROWDATA, END twice
+    packed = PackedBatch.of(Batch(1, [Entry.from_wire(e) for e in entries])).entries
+    ledger = Ledger()
+    assert ledger.add(1, packed, source="db:1") == 6
+    assert [it.key.sub for it in ledger.items] == [0, 1, 2, 0, 1, 2]
+    assert ledger.add(2, packed[1:], source="db:1") == 0  # delivered again, mid-transaction
+    assert ledger.prev is not None and ledger.prev.sub == 2  # placed by the held entries
+    fresh = Ledger()
+    fresh.reset(ledger.items[1].key, exact=True)  # the cursor is right after entry 1
+    fresh.add(3, packed[2:], source="db:1")
+    assert [it.key.sub for it in fresh.items] == [2, 0, 1, 2]
+    unknown = Ledger()
+    unknown.reset(ledger.items[0].key)  # the cursor is somewhere before: not placed
+    unknown.add(4, packed[1:], source="db:1")
+    assert [it.key.sub for it in unknown.items] == [-1, -1, 0, 1, 2]

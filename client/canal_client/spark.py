@@ -76,7 +76,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
 
@@ -90,10 +90,12 @@ from canal_client.packed import PackedBatch, PackedEntry
 from canal_client.spark_arrow import record_batch
 from canal_client.spark_rows import (
     MIN_KEY,
+    UNKNOWN_SUB,
     EntryKey,
     Offset,
     entry_key,
     entry_timestamp_ms,
+    gtid_of,
 )
 from canal_client.spark_schema import (
     TypedTable,
@@ -125,9 +127,11 @@ __all__ = [
     "Ledger",
     "ProgressProbe",
     "batch_end",
+    "batch_source",
     "fetch_table",
     "gtid_covers",
     "parse_progress",
+    "point_key",
     "schema_ddl",
     "table_filter",
 ]
@@ -339,14 +343,14 @@ class BinlogPoint:
     def parse(cls, d: Any) -> BinlogPoint | None:
         if not isinstance(d, Mapping):
             return None
+        gtid, source = str(d.get("gtid") or ""), str(d.get("source_address") or "")
         try:
-            key = EntryKey.of(str(d.get("journal") or ""), int(d.get("offset") or 0))
+            key = point_key(str(d.get("journal") or ""), int(d.get("offset") or 0), source, gtid)
         except (TypeError, ValueError):
             return None
-        gtid = str(d.get("gtid") or "")
         if not key.file and not gtid:
             return None
-        return cls(key, gtid, str(d.get("source_address") or ""))
+        return cls(key, gtid, source)
 
     def reaches(self, target: BinlogPoint) -> bool:
         """At or after ``target``, by binlog file and offset or by GTID state (the GTID
@@ -414,19 +418,35 @@ class HttpProgress:
             self._channel = None
 
 
+def point_key(journal: str, offset: int, source: str = "", state: str = "") -> EntryKey:
+    """The key of a position (where the next event starts): after every entry of the
+    transactions a one-domain GTID ``state`` includes, across databases too."""
+    gtid = state.strip() if gtid_of(state.strip()) is not None else ""
+    return EntryKey.of(journal, offset, source=source, gtid=gtid, sub=UNKNOWN_SUB + 1)
+
+
+def batch_source(batch: Any) -> str:
+    """The database a batch was read from (its ``end``'s identity), "" if not known."""
+    for pos in (getattr(batch, "end", None), getattr(batch, "start", None)):
+        address = str(getattr(pos, "source_address", "") or "")
+        if address:
+            return address
+    return ""
+
+
 def batch_end(batch: Any) -> EntryKey:
     """How far a batch reaches in the binlog: its ``end`` (the last raw event, ones the
     client filter dropped included), else where its last entry ends."""
-    best = MIN_KEY
+    best, source = MIN_KEY, batch_source(batch)
     end: Any = getattr(batch, "end", None)
     journal = str(getattr(end, "journal", "") or "")
     if journal:
-        best = EntryKey.of(journal, int(end.offset))
+        best = point_key(journal, int(end.offset), source, str(getattr(end, "gtid", "") or ""))
     for entry in list(batch.entries)[-1:]:
         header = entry.header
         get = header.get if isinstance(header, Mapping) else partial(getattr, header)
         stop = int(get("end_offset", 0) or get("offset", 0))
-        best = max(best, EntryKey.of(str(get("logfile", "")), stop))
+        best = max(best, EntryKey.of(str(get("logfile", "")), stop, source=source))
     return best
 
 
@@ -454,11 +474,17 @@ def _all_rows(entry: PackedEntry) -> tuple[int, str]:
 
 @dataclass
 class Ledger:
-    """Entries after ``floor`` in binlog order, and the server batches they came in."""
+    """Entries after ``floor`` in binlog order, and the server batches they came in.
+
+    Each entry's key gets the database of its batch (``source``) and its place in its
+    transaction (``sub``): 0 for a BEGIN, the previous entry's + 1 when that one came
+    just before it from the same database in the same transaction, the known place of
+    an event seen before (an entry still held, or the floor), else unknown (-1)."""
 
     floor: EntryKey = MIN_KEY
     items: list[_Item] = field(default_factory=list)
     batches: list[tuple[int, EntryKey]] = field(default_factory=list)  # fetch order
+    prev: EntryKey | None = None  # the entry that arrived last (kept or not)
 
     @property
     def top(self) -> EntryKey:
@@ -467,13 +493,43 @@ class Ledger:
     def covers(self, lo: EntryKey, hi: EntryKey) -> bool:
         return self.floor <= lo and hi <= self.top
 
+    def _place(self, entry: PackedEntry, source: str) -> EntryKey:
+        raw = entry_key(entry)
+        key = replace(raw, source=source)
+        prev, sub = self.prev, -1
+        if entry.type == "TRANSACTIONBEGIN":
+            sub = 0
+        elif key.same_event(self.floor):
+            sub = self.floor.sub
+        elif (known := self._held(key)) is not None:
+            sub = known
+        elif prev is not None and prev.sub >= 0 and raw.gtid and prev.gtid == raw.gtid:
+            sub = prev.sub + 1 if prev.source == source else -1
+        key = replace(key, sub=sub)
+        self.prev = key
+        return key
+
+    def _held(self, key: EntryKey) -> int | None:
+        """The place of the same event among the entries held (a delivery again)."""
+        if not self.items or not key.source or key > self.top:
+            return None
+        for it in reversed(self.items):
+            if it.key.same_event(key):
+                return it.key.sub
+        return None
+
     def add(
-        self, batch_id: int, entries: Sequence[PackedEntry], classify: Classify = _all_rows
+        self,
+        batch_id: int,
+        entries: Sequence[PackedEntry],
+        classify: Classify = _all_rows,
+        source: str = "",
     ) -> int:
-        """Append the entries after ``top`` (others were delivered before); count them."""
+        """Append the entries after ``top`` (others were delivered before); count them.
+        ``source``: the database the batch was read from (its ``end``'s identity)."""
         added, last = 0, MIN_KEY
         for entry in entries:
-            key = entry_key(entry)
+            key = self._place(entry, source)
             last = max(last, key)
             if key > self.top:
                 rows, change = classify(entry)
@@ -498,8 +554,11 @@ class Ledger:
         self.floor = max(self.floor, upto)
         return done[-1] if done else None
 
-    def reset(self, floor: EntryKey) -> None:
+    def reset(self, floor: EntryKey, exact: bool = False) -> None:
+        """Forget everything; ``floor`` is committed. ``exact``: the next entry delivered
+        is the one right after ``floor`` (the cursor was moved to it)."""
         self.floor, self.items, self.batches = floor, [], []
+        self.prev = floor if exact else None
 
 
 # -- Spark classes ---------------------------------------------------------------------
@@ -608,7 +667,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._epoch = conn.epoch
         if batch.id < 0 or not batch.entries:
             return None
-        added = self.ledger.add(batch.id, batch.entries, self.classify)
+        added = self.ledger.add(batch.id, batch.entries, self.classify, batch_source(batch))
         self._served = max(self._served, batch_end(batch))
         log.debug("%s: batch %d, %d new entries", self._what(), batch.id, added)
         return added
@@ -745,14 +804,26 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         log.info("%s: %s %s: reading again from the cursor", self._what(), why, key)
         conn = self._conn()
         conn.rollback()
-        self.ledger.reset(key)
         self._served, self._reader_past = MIN_KEY, None
-        if key > MIN_KEY:
-            self._commit_through(conn, key)
+        exact = key > MIN_KEY and self._commit_through(conn, key)
+        self.ledger.reset(key, exact)
 
-    def _commit_through(self, conn: ConnectorLike, key: EntryKey) -> None:
+    def _commit_through(self, conn: ConnectorLike, key: EntryKey) -> bool:
         """Move the client's cursor through ``key`` (a committed entry this ledger did not
-        take: a restarted driver, a replay); an older node only logs it."""
+        take: a restarted driver, a replay); True when it is right after ``key`` now. Not
+        when the leader reads another database than ``key``'s (a database switch: its
+        file and offset mean nothing there; the entries up to it are read again and
+        recognised by GTID); an older node only logs it."""
+        if key.source:
+            progress = self._probe(conn)
+            reader = progress.reader if progress is not None else None
+            if reader is None or reader.source != key.source:
+                log.info(
+                    "%s: the leader reads %s, %s came from %s: the cursor stays, the entries "
+                    "up to it are read again and skipped", self._what(),
+                    reader.source if reader is not None else "(unknown)", key, key.source,
+                )  # fmt: skip
+                return False
         try:
             cursor = conn.move_cursor(key.file, key.pos)
         except CanalError as exc:
@@ -760,10 +831,11 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "%s: the leader cannot move the cursor through %s (%s): the entries up to "
                 "it are read again and skipped", self._what(), key, exc,
             )  # fmt: skip
-            return
+            return False
         pos = (cursor or {}).get("position") or {}
         at = f"{pos.get('journal')}:{pos.get('offset')}" if pos else "unset"
         log.info("%s: committed through %s, the cursor is at %s", self._what(), key, at)
+        return key.end >= 0 and (pos.get("journal"), pos.get("offset")) == (key.file, key.end)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[CanalPartition]:
         begin, stop = Offset.from_dict(start), Offset.from_dict(end)
@@ -801,7 +873,8 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         conn, trial = self._conn(), Ledger(floor=begin.last)
         try:
             for batch_id in stop.batches:
-                trial.add(batch_id, self._again(conn, batch_id).entries, self.classify)
+                again = self._again(conn, batch_id)
+                trial.add(batch_id, again.entries, self.classify, batch_source(again))
         except CanalError as exc:
             log.info("%s: planned batches not outstanding any more (%s)", self._what(), exc)
             return False
