@@ -485,6 +485,7 @@ class Ledger:
     items: list[_Item] = field(default_factory=list)
     batches: list[tuple[int, EntryKey]] = field(default_factory=list)  # fetch order
     prev: EntryKey | None = None  # the entry that arrived last (kept or not)
+    _places: dict[tuple[str, str, int], int] = field(default_factory=dict, repr=False)
 
     @property
     def top(self) -> EntryKey:
@@ -513,10 +514,11 @@ class Ledger:
         """The place of the same event among the entries held (a delivery again)."""
         if not self.items or not key.source or key > self.top:
             return None
-        for it in reversed(self.items):
-            if it.key.same_event(key):
-                return it.key.sub
-        return None
+        if len(self._places) != len(self.items):  # rebuilt after a release or a reset
+            self._places = {
+                (it.key.source, it.key.file, it.key.pos): it.key.sub for it in self.items
+            }
+        return self._places.get((key.source, key.file, key.pos))
 
     def add(
         self,
@@ -535,6 +537,8 @@ class Ledger:
                 rows, change = classify(entry)
                 data = entry.data if rows else None
                 self.items.append(_Item(key, entry_timestamp_ms(entry), rows, data, change))
+                if len(self._places) == len(self.items) - 1:
+                    self._places[(key.source, key.file, key.pos)] = key.sub
                 added += 1
         self.batches = [b for b in self.batches if b[0] != batch_id] + [(batch_id, last)]
         return added
