@@ -485,7 +485,7 @@ class Ledger:
     items: list[_Item] = field(default_factory=list)
     batches: list[tuple[int, EntryKey]] = field(default_factory=list)  # fetch order
     prev: EntryKey | None = None  # the entry that arrived last (kept or not)
-    _places: dict[tuple[str, str, int], int] = field(default_factory=dict, repr=False)
+    _places: dict[tuple[str, str, int], int] | None = field(default=None, repr=False)
 
     @property
     def top(self) -> EntryKey:
@@ -514,10 +514,8 @@ class Ledger:
         """The place of the same event among the entries held (a delivery again)."""
         if not self.items or not key.source or key > self.top:
             return None
-        if len(self._places) != len(self.items):  # rebuilt after a release or a reset
-            self._places = {
-                (it.key.source, it.key.file, it.key.pos): it.key.sub for it in self.items
-            }
+        if self._places is None:  # after a release or a reset
+            self._places = {(i.key.source, i.key.file, i.key.pos): i.key.sub for i in self.items}
         return self._places.get((key.source, key.file, key.pos))
 
     def add(
@@ -537,7 +535,7 @@ class Ledger:
                 rows, change = classify(entry)
                 data = entry.data if rows else None
                 self.items.append(_Item(key, entry_timestamp_ms(entry), rows, data, change))
-                if len(self._places) == len(self.items) - 1:
+                if self._places is not None:
                     self._places[(key.source, key.file, key.pos)] = key.sub
                 added += 1
         self.batches = [b for b in self.batches if b[0] != batch_id] + [(batch_id, last)]
@@ -555,13 +553,14 @@ class Ledger:
         done = [bid for bid, last in self.batches if last <= upto]
         self.batches = [b for b in self.batches if b[1] > upto]
         self.items = [it for it in self.items if it.key > upto]
+        self._places = None
         self.floor = max(self.floor, upto)
         return done[-1] if done else None
 
     def reset(self, floor: EntryKey, exact: bool = False) -> None:
         """Forget everything; ``floor`` is committed. ``exact``: the next entry delivered
         is the one right after ``floor`` (the cursor was moved to it)."""
-        self.floor, self.items, self.batches = floor, [], []
+        self.floor, self.items, self.batches, self._places = floor, [], [], None
         self.prev = floor if exact else None
 
 
