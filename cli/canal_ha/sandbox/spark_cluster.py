@@ -1,5 +1,6 @@
 """A Spark standalone cluster on loopback ports: a master and workers from the pyspark
-package's own ``bin/spark-class``, executors in their own JVMs (and Python workers).
+package's own ``bin/spark-class``, executors in their own JVMs (and Python workers);
+and a Spark Connect server (``sbin/start-connect-server.sh``, ``SparkConnectServer``).
 
 ::
 
@@ -34,7 +35,7 @@ from canal_ha.sandbox.ports import free_port, port_open
 from canal_ha.sandbox.process import ManagedProcess, pid_alive
 from canal_protocol.errors import SandboxStartError
 
-__all__ = ["SparkStandalone", "spark_home"]
+__all__ = ["SparkConnectServer", "SparkStandalone", "spark_home"]
 
 START_TIMEOUT_S = 120.0
 
@@ -200,4 +201,67 @@ class SparkStandalone:
                 if pid != proc.pid and pid_alive(pid):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
+        return stopped
+
+
+@dataclass
+class SparkConnectServer:
+    """``start-connect-server.sh`` in the foreground on a free loopback port (``master``:
+    where its SparkSession runs); its Python workers run ``python`` (it needs canal-ha)."""
+
+    workdir: Path
+    master: str = "local[2]"
+    python: str = sys.executable
+    port: int = 0
+    process: ManagedProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"sc://127.0.0.1:{self.port}"
+
+    def start(self) -> SparkConnectServer:
+        self.workdir = self.workdir.resolve()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        env = SparkStandalone(self.workdir, python=self.python).env()
+        env.update(SPARK_PID_DIR=str(self.workdir), SPARK_NO_DAEMONIZE="1")
+        confs = {
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(self.port),
+            "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+            "spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC",
+            "spark.python.authenticate.socketTimeout": "120s",
+        }  # fmt: skip
+        argv = (
+            str(spark_home() / "sbin" / "start-connect-server.sh"), "--master", self.master,
+            *(arg for k, v in confs.items() for arg in ("--conf", f"{k}={v}")),
+        )  # fmt: skip
+        self.process = _SparkProcess(
+            "spark-connect", argv, self.workdir / "spark-connect.log", env=env
+        )
+        self.process.start()
+        proc = self.process
+        try:
+            wait_until(
+                lambda: port_open(self.port) or not proc.is_running(),
+                "the Spark Connect server", START_TIMEOUT_S,
+            )  # fmt: skip
+            if not proc.is_running():
+                raise SandboxStartError("spark-connect", "it exited", str(proc.log_path))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> bool:
+        """Stop it by pid (and whatever remains in its process group)."""
+        proc = self.process
+        if proc is None or proc.pid is None:
+            return False
+        group = _group_members(proc.pid)
+        stopped = proc.stop(timeout_s=20)
+        for pid in group:
+            if pid != proc.pid and pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         return stopped
