@@ -413,10 +413,13 @@ def test_status_lag_is_the_same_from_etcd_and_server_and_stays_0_when_idle(
     fresh_db(sandbox, db, f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
     for i in range(1, 6):
         sandbox.primary.execute(f"INSERT INTO {db}.t VALUES ({i})")
-    behind = subprocess.run(consume_cmd(sandbox, nodes, "behind", "--max-entries", "2"),
+    # written before they subscribe: both start at the earliest held change
+    behind = subprocess.run(consume_cmd(sandbox, nodes, "behind", "--max-entries", "2",
+                                        "--start", "earliest"),
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert behind.returncode == 0, behind.stderr
-    caught = subprocess.run(consume_cmd(sandbox, nodes, "caught", "--idle-exit", "3"),
+    caught = subprocess.run(consume_cmd(sandbox, nodes, "caught", "--idle-exit", "3",
+                                        "--start", "earliest"),
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert caught.returncode == 0 and caught.stdout, caught.stderr
     assert "WARNING" not in caught.stderr, caught.stderr  # a normal exit
