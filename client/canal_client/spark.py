@@ -7,15 +7,18 @@
     df = (spark.readStream.format("canal").option("etcd", "http://127.0.0.1:2379")
           .option("destination", "example").option("clientId", "1001").load())
 
-Rows: see ``canal_client.spark_rows`` (one row per changed row; ``before``/``after`` as
-``map<string,string>``). Options (README.md "Spark" explains each): ``etcd``
+Rows: see ``canal_client.spark_rows`` (one row per changed row; map mode: ``before``/
+``after`` as ``map<string,string>``) and, with ``.option("table", "schema.table")``, the
+typed mode of ``canal_client.spark_schema`` (structs of the table's columns, asked of
+the leader when the query starts; a table map of another shape stops the query with
+``SchemaChanged`` before its rows are planned). Options (README.md "Spark"): ``etcd``
 (comma-separated endpoints) or ``server`` (comma-separated node URLs), ``destination``,
 ``clientId``, ``batchSize`` (entries per server batch, 1000), ``filter`` (table regex),
 ``token``, ``etcdPrefix`` (``/canal``), ``pollTimeoutMs`` (1000),
 ``maxBatchesPerTrigger`` (10), ``replayTimeoutS`` (120), ``rowsPerPartition`` (10000),
 ``exclusive`` (false: one active consumer per client id), ``availableNowStallS`` (120),
-``startingOffsets`` (``earliest``; see README), ``connectorFactory`` (tests:
-``module:function`` building the connector).
+``startingOffsets`` (``earliest``; see README), ``table`` (typed mode),
+``connectorFactory`` (tests: ``module:function`` building the connector).
 
 How batches become micro-batches, exactly once with a checkpointed sink:
 
@@ -23,10 +26,12 @@ How batches become micro-batches, exactly once with a checkpointed sink:
   (it follows leader changes; a change shows as a log line). ``latestOffset`` takes
   server batches **without ack** into an in-memory ledger and returns an offset (see
   ``spark_rows.Offset``): entries so far, the key of the last one, the batch ids.
-* ``partitions(start, end)`` ships the **rows** of the entries in ``(start, end]`` inside
-  the partition objects, so ``read`` in the Python worker only yields them: workers
-  open no connection (a second connection of the same client id would roll the
-  driver's batches back), and a task retry reads the very same rows.
+* The ledger holds each batch as the leader's **bytes** (``canal_client.packed``: the
+  entries indexed, their rows not decoded). ``partitions(start, end)`` gives each
+  partition the bytes of whole entries of ``(start, end]`` that yield rows; ``read``
+  on the executor decodes them into one Arrow RecordBatch (``canal_client.spark_arrow``).
+  Executors open no connection (a second connection of the same client id would roll
+  the driver's batches back), and a task retry reads the very same bytes.
 * Spark plans a micro-batch only after the previous one is committed, so the
   ``start`` of ``latestOffset`` is committed: it acks the newest server batch lying
   entirely at or before ``start`` and forgets those entries, as ``commit(end)`` does
@@ -64,9 +69,13 @@ the run ends at entries committed after it started (database clock) or when a po
 ``pollTimeoutMs`` brings nothing, with a warning. Processing-time triggers are not
 affected.
 
-Limits: keys are binlog file/offset of the database the destination reads, so a switch
-of the database itself (primary → standby with other binlog names) is not handled
-here (an availableNow run then ends by ``availableNowStallS``).
+Keys (``spark_rows.EntryKey``) are binlog file/offset of the database an entry was read
+from, with its GTID and place in its transaction: after a database switch (primary →
+standby, other binlog names) keys of the two databases compare by GTID, and the cursor
+is moved through a checkpointed key only while the leader reads that key's database
+(``HttpProgress``: ``reader_position.source_address``); otherwise the entries up to it
+are read again and dropped as duplicates. An availableNow run across a switch may end
+by ``availableNowStallS``; the next run goes on.
 """
 
 from __future__ import annotations
