@@ -726,8 +726,9 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             f"{table.full_name} changed its columns{ddl}: {item.change}. The rows from "
             f"{item.key} on have the new shape; the query stopped before them, everything "
             f"before is committed. What to do: restart the query from its checkpoint; it "
-            f"reads the table's columns again (schema version {table.version or '?'} now) "
-            f"and continues with those rows, exactly once. Write it where the new "
+            f"reads the table's columns again (this query had schema version "
+            f"{table.version or '?'}) and continues with those rows, exactly once. Write it "
+            f"where the new "
             f"columns fit (or read the table in map mode, without the option 'table')."
         )
 
