@@ -30,10 +30,10 @@ SPARK_TIMEOUT_S = 1800.0
 # ~90 rows per rows event: a micro-batch of 8 server batches of 100 entries holds ~60k
 # rows, so 300k row changes make several micro-batches (a steady state to measure).
 OPTIONS = (
-    "batchSize=100",
-    "maxBatchesPerTrigger=8",
+    "batchSize=1000",
+    "maxBatchesPerTrigger=1",
     "pollTimeoutMs=2000",
-    "rowsPerPartition=30000",
+    "rowsPerPartition=50000",
 )
 
 

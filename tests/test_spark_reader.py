@@ -271,3 +271,15 @@ def test_options_name_the_bad_one() -> None:
     for name, value in (("batchSize", "65537"), ("pollTimeoutMs", "x"), ("exclusive", "yes")):
         with pytest.raises(ConfigError, match=name):
             CanalOptions.parse({**good, name: value})
+
+
+def test_partitions_are_even_and_hold_whole_entries() -> None:
+    server = FakeServer(make_entries(20, 3))  # 60 rows in entries of 3
+    opts = CanalOptions(**{**OPTS.__dict__, "batch_size": 100, "rows_per_partition": 25})
+    reader = Engine(server, opts).reader
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    parts = reader.partitions(start, end)
+    sizes = [p.rows for p in parts]
+    assert len(parts) == 3 and sum(sizes) == 60 and max(sizes) - min(sizes) <= 3
+    assert [r for p in parts for r in arrow_rows(reader.read(p))] == expected(server.entries)

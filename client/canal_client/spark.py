@@ -857,7 +857,9 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         items = [it for it in self._range(begin, stop) if it.data is not None]
         parts: list[CanalPartition] = []
         group: list[_Item] = []
-        rows, size = 0, self.options.rows_per_partition
+        total = sum(it.rows for it in items)
+        count = -(-total // self.options.rows_per_partition)  # partitions of even size
+        rows, size = 0, -(-total // max(1, count))
         for it in items:
             group.append(it)
             rows += it.rows
