@@ -91,7 +91,7 @@ def spark_parquet(ctx: Context) -> dict[str, Any]:
     return {
         "rows": rows, "rows_per_s": canal["rows_per_s"], "seconds": canal["steady_s"],
         "first_batch_s": canal["first_batch_s"], "micro_batches": canal["micro_batches"],
-        "session_start_s": result["session_start_s"],
+        "session_start_s": result["session_start_s"], "batches": canal["batches"],
         "typed": {"table": table, **typed},
         "anchors": {"jvm_range": jvm, "python_arrow": arrow},
         "vs_jvm_range": round(canal["rows_per_s"] / jvm["rows_per_s"], 3),
