@@ -203,6 +203,9 @@ def _check_route(leader: NodeProc, db: str, box: Sandbox) -> None:
         assert r.status_code == 404 and r.json()["error"] == "unknown_table"
         r = http.get(f"/v1/destinations/{DEST}/tables/nodot")
         assert r.status_code == 400 and r.json()["field"] == "table"
+        schema = http.get("/openapi.json").json()
+        get = schema["paths"]["/v1/destinations/{destination}/tables/{table}"]["get"]
+        assert "TableOut" in str(get["responses"]["200"]) and "404" in get["responses"]
 
 
 def test_an_unknown_table_fails_at_load_naming_the_option(
