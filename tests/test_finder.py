@@ -12,7 +12,7 @@ import gc
 import warnings
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from pymysqlreplication.row_event import WriteRowsEvent
@@ -551,3 +551,42 @@ def test_switch_to_promoted_standby_misses_no_row_after_fallback(
     assert {21, 22, 23, 100} <= must and {11, 12, 13} & must  # batch 2's last second
     assert must <= got, f"rows missed after {found.position}: {sorted(must - got)}"
     assert not {1, 2, 3} & got  # the fallback bounded the replay (batch 1 is older)
+
+
+def test_switch_to_promoted_standby_resumes_by_gtid_exactly(
+    make_sandbox: SandboxFactory,
+) -> None:
+    """A history with a MariaDB GTID state: the promoted standby's own file and offset
+    where that state ends, no time fallback (nothing older replayed, nothing missed).
+    A state the new source does not hold falls back by time, as Canal does."""
+    private = _private(make_sandbox, standby=True)
+    p, s = private.primary, private.replica
+    p.execute(
+        "CREATE DATABASE t_finder_gsw",
+        "CREATE TABLE t_finder_gsw.t (id INT PRIMARY KEY, ts BIGINT)",
+    )
+    _insert(p, "t_finder_gsw", range(1, 4))
+    _insert(p, "t_finder_gsw", range(11, 14))
+    ts = int(p.scalar("SELECT MAX(ts) FROM t_finder_gsw.t"))
+    journal, offset = p.master_status()
+    state = str(p.scalar("SELECT @@gtid_binlog_pos"))
+    history = LogPosition(
+        LogIdentity(_address(p), SLAVE_ID, p.server_id),
+        EntryPosition(journal, offset, p.server_id, state, ts * 1000),
+    )
+    _insert(p, "t_finder_gsw", range(21, 24))
+    s.wait_caught_up(p)
+    p.kill()
+    s.promote()
+    s.execute("INSERT INTO t_finder_gsw.t VALUES (100, UNIX_TIMESTAMP())")
+    finder = _finder(history, standby=ConfiguredPosition(address=_address(s)))
+    found = finder.find(_link(s))
+    assert found.reasons == (R.SWITCH_BY_GTID,)
+    assert found.identity == LogIdentity(_address(s), 0, s.server_id)
+    assert found.position.gtid == state
+    assert _ids_after(s, found.position) == {21, 22, 23, 100}
+    # A state the standby never saw (ahead of it): the time fallback, with its replay.
+    ahead = LogPosition(history.identity, replace(history.position, gtid="0-1-999999"))
+    fallback = _finder(ahead).find(_link(s))
+    assert fallback.reasons == (R.FALLBACK_SOURCE_SWITCH,)
+    assert {1, 2, 3, 21, 22, 23, 100} <= _ids_after(s, fallback.position)

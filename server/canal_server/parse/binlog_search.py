@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import re
 from collections.abc import Generator, Iterator, Mapping
 from contextlib import closing
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from pymysqlreplication.event import (
     FormatDescriptionEvent,
     GtidEvent,
     MariadbGtidEvent,
+    MariadbGtidListEvent,
     QueryEvent,
     RotateEvent,
     XidEvent,
@@ -55,6 +57,8 @@ __all__ = [
     "StreamEventSource",
     "boundaries",
     "classify",
+    "is_mariadb_gtid_state",
+    "locate_gtid_state",
     "open_group_start",
 ]
 
@@ -222,6 +226,37 @@ class StreamEventSource:
                 )
         finally:
             stream.close()
+
+
+_MARIADB_STATE = re.compile(r"^\d+-\d+-\d+(,\d+-\d+-\d+)*$")
+
+
+def is_mariadb_gtid_state(state: str) -> bool:
+    """``0-1-42`` or ``0-1-42,1-2-7``: a MariaDB GTID state (not a MySQL GTID set)."""
+    return bool(_MARIADB_STATE.match(state.replace(" ", "")))
+
+
+def locate_gtid_state(conn: Mapping[str, Any], slave_id: int, state: str) -> tuple[str, int]:
+    """The file and offset where the MariaDB GTID state ``state`` ends in the binlog of
+    the server at ``conn``: its own coordinates, whatever server wrote ``state``.
+
+    A GTID dump from ``state`` sends a fake Gtid_list event whose log position is the
+    exact point where the server starts sending (after every group ``state`` holds).
+    PurgedPosition when the server's binlog does not hold ``state`` (purged, or ahead).
+    """
+    stream = binlog_stream.open_stream(
+        conn, slave_id, gtid=state, blocking=False, check_config=False
+    )
+    journal = ""
+    try:
+        while (ev := binlog_stream.next_event(stream)) is not None:
+            if isinstance(ev, RotateEvent):
+                journal = ev.next_binlog
+            elif isinstance(ev, MariadbGtidListEvent) and binlog_stream.event_span(ev).artificial:
+                return journal, binlog_stream.event_span(ev).end
+    finally:
+        stream.close()
+    raise PositionNotFound(f"the GTID dump from {state} sent no start point")
 
 
 def _next(stream: Any, journal: str, offset: int) -> Any:

@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Protocol
 
-from canal_protocol.errors import ConfigError, PositionNotFound, PurgedPosition
+from canal_protocol.errors import BinlogError, ConfigError, PositionNotFound, PurgedPosition
 from canal_protocol.positions import EntryPosition, LogIdentity, LogPosition
 from canal_server.parse.binlog_search import (
     BINLOG_START_OFFSET,
@@ -50,6 +51,8 @@ from canal_server.parse.binlog_search import (
     EventSource,
     SqlBinlogInspector,
     StreamEventSource,
+    is_mariadb_gtid_state,
+    locate_gtid_state,
 )
 
 __all__ = [
@@ -76,6 +79,7 @@ class FindReason(enum.StrEnum):
     HISTORY = "history"
     FALLBACK_SERVER_ID_CHANGED = "fallback-server-id-changed"
     FALLBACK_SOURCE_SWITCH = "fallback-source-switch"
+    SWITCH_BY_GTID = "switch-by-gtid"  # another database: where the history's GTID state ends
     MOVED_TO_TRANSACTION_BEGIN = "moved-to-transaction-begin"
 
 
@@ -128,6 +132,7 @@ class DatabaseLink:
     inspector: BinlogInspector
     source: EventSource
     identifies_server: bool = True
+    locate_gtid: Callable[[str], tuple[str, int]] | None = None
 
     @classmethod
     def connect(cls, conn: Mapping[str, Any], slave_id: int) -> DatabaseLink:
@@ -136,6 +141,7 @@ class DatabaseLink:
             f"{conn['host']}:{conn['port']}",
             SqlBinlogInspector(conn),
             StreamEventSource(conn, slave_id),
+            locate_gtid=partial(locate_gtid_state, conn, slave_id),
         )
 
 
@@ -250,9 +256,13 @@ class _Run:
         if history is None:
             return self.from_config()
         if not _same_address(history.identity.source_address, self.link.address):
-            return self.fall_back(history, FindReason.FALLBACK_SOURCE_SWITCH)
+            return self.by_gtid(history) or self.fall_back(
+                history, FindReason.FALLBACK_SOURCE_SWITCH
+            )
         if self.other_database(history):
-            return self.fall_back(history, FindReason.FALLBACK_SERVER_ID_CHANGED)
+            return self.by_gtid(history) or self.fall_back(
+                history, FindReason.FALLBACK_SERVER_ID_CHANGED
+            )
         self.check_exists(history.position, "the last position of this destination")
         return history.position, FindReason.HISTORY
 
@@ -277,6 +287,31 @@ class _Run:
         if before is None:
             before = history.position.server_id or None
         return before is not None and before != self.server_id()
+
+    def by_gtid(self, history: LogPosition) -> tuple[EntryPosition, FindReason] | None:
+        """Another database: where the history's MariaDB GTID state ends in its binlog
+        (GTIDs keep their origin across replicas: an exact start, no replay). None when
+        the history has no such state or this database's binlog does not hold it."""
+        state = history.position.gtid
+        if self.link.locate_gtid is None or not is_mariadb_gtid_state(state):
+            return None
+        try:
+            journal, offset = self.link.locate_gtid(state)
+        except (PositionNotFound, PurgedPosition, BinlogError) as exc:
+            log.warning(
+                "%s: %s does not hold GTID state %s (%s): falling back by time",
+                self.dest, self.link.address, state, exc,
+            )  # fmt: skip
+            return None
+        log.warning(
+            "%s: %s: GTID state %s of %s ends at %s:%d on %s",
+            self.dest, FindReason.SWITCH_BY_GTID, state, history.identity.source_address,
+            journal, offset, self.link.address,
+        )  # fmt: skip
+        position = EntryPosition(
+            journal, offset, self.server_id(), state, history.position.timestamp_ms
+        )
+        return position, FindReason.SWITCH_BY_GTID
 
     def fall_back(
         self, history: LogPosition, reason: FindReason
