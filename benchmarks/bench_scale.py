@@ -44,12 +44,14 @@ __all__ = ["handover", "idle_cost", "scale_clients", "scale_destinations", "sett
 
 WAIT_S = 120.0
 WRITER_TPS = 200.0
-# The cost-curve nodes: the default election and etcd timeout (a node busy parsing must
-# not fence itself on the fast test timings), and a store of 1024 entries, so the reader
-# keeps pace with the slowest client and the measured window holds the parsing too.
+# The cost-curve nodes: the default election, etcd timeout and meta flush period (a node
+# busy parsing must not fence itself on the fast test timings, nor flood etcd with
+# flushes), and a store of 1024 entries, so the reader keeps pace with the slowest client
+# and the measured window holds the parsing too.
 CURVE_ELECTION = {"ttl_s": 10.0, "switch_delay_s": 5.0, "safety_margin_s": 2.0,
                   "loop_interval_s": 1.0}  # fmt: skip
 CURVE_ETCD = {"timeout_s": 2.0}
+CURVE_META = {"flush_period_ms": 1000}
 CURVE_MEMORY = {"buffer_size": 1024}
 CURVE_WAIT_S = 300.0
 
@@ -286,8 +288,9 @@ def _reading_node(ctx: Context, label: str, names: tuple[str, ...]) -> BenchNode
     only = {"regex": ",".join(t.replace(".", "\\.") for t in ds.tables)}
     dest = {"master": master, "filter": only, "memory": CURVE_MEMORY}
     nodes = start_nodes(
-        ctx, 1, label, names, election=CURVE_ELECTION, etcd=CURVE_ETCD, destination=dest
-    )
+        ctx, 1, label, names,
+        election=CURVE_ELECTION, etcd=CURVE_ETCD, meta=CURVE_META, destination=dest,
+    )  # fmt: skip
     node = nodes[0]
     try:
         _wait_led(node, names)
@@ -359,8 +362,9 @@ def idle_cost(ctx: Context) -> dict[str, Any]:
         names = tuple(f"i{i}" for i in range(1, k + 1))
         idle = {"heartbeat_s": 5.0}
         nodes = start_nodes(
-            ctx, 1, f"idle{k}", names, election=CURVE_ELECTION, etcd=CURVE_ETCD, destination=idle
-        )
+            ctx, 1, f"idle{k}", names,
+            election=CURVE_ELECTION, etcd=CURVE_ETCD, meta=CURVE_META, destination=idle,
+        )  # fmt: skip
         node = nodes[0]
         try:
             _wait_led(node, names)

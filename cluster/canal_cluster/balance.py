@@ -3,10 +3,10 @@
 With D destinations (those the live nodes configure) on N live nodes that are not
 leaving, a node's **fair share** is ceil(D / N). ``Balancer`` (one per node) keeps a
 view of the cluster (``refresh()`` reads the node records under ``{p}/cluster/`` and
-each destination's running key; the node calls it every ``refresh_s`` from its own
-thread) and answers the questions each server monitor's cycle asks
-(``running.Placement``) from that view alone, never calling etcd itself; the monitor
-acts, logs and records the decision with its reason:
+the running keys under ``{p}/destinations/``: two reads; the node calls it every
+``refresh_s`` from its own thread) and answers the questions each server monitor's
+cycle asks (``running.Placement``) from that view alone, never calling etcd itself;
+the monitor acts, logs and records the decision with its reason:
 
 - ``surplus`` (a leader): hand this destination over when this node leads more than
   its share, has led the destination for ``hold_s`` at least, has no other handover
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from canal_cluster.coordinator import Coordinator
 from canal_cluster.keys import Keys, validate_id
-from canal_cluster.running import HandoverTarget, Placement, read_running
+from canal_cluster.running import HandoverTarget, Placement, RunningInfo
 from canal_protocol.errors import CoordinationError, InvalidArgument
 
 __all__ = ["Balancer", "ClusterView", "fair_share", "read_view"]
@@ -88,8 +88,9 @@ class ClusterView:
 
 
 def read_view(coordinator: Coordinator, keys: Keys) -> ClusterView:
-    """The view from etcd: one read of the node records, one per destination's running
-    key. Raises ``CoordinationError``."""
+    """The view from etcd in two reads, whatever the number of destinations: the node
+    records, and the keys under ``{p}/destinations/`` (of which the running keys count).
+    Raises ``CoordinationError``."""
     nodes: dict[str, frozenset[str]] = {}
     leaving: set[str] = set()
     for kv in coordinator.get_prefix(keys.nodes_prefix()).items:
@@ -102,10 +103,13 @@ def read_view(coordinator: Coordinator, keys: Keys) -> ClusterView:
         if data.get("leaving"):
             leaving.add(node)
     leaders: dict[str, str] = {}
-    for d in sorted(frozenset().union(*nodes.values())):
-        info = read_running(coordinator, keys.running(d))
-        if info is not None and info.node:
-            leaders[d] = info.node
+    base = f"{keys.prefix}/destinations/"
+    for kv in coordinator.get_prefix(base).items:
+        destination, _, rest = kv.key[len(base) :].partition("/")
+        if rest == "running":
+            info = RunningInfo.from_kv(kv)
+            if info.node:
+                leaders[destination] = info.node
     return ClusterView(nodes, frozenset(leaving), leaders)
 
 

@@ -384,12 +384,10 @@ class Node:
         if role is Role.STANDBY:
             monitor = self.monitors[destination]
             ours = monitor.leader_epoch()
-            if ours is None and leader is not None and leader.node == self.id:
-                ours = leader.epoch  # just won (the monitor hears it in a moment), or stale
-            if ours is None and monitor.campaigning():
-                ours = 0  # etcd may name us already: moments either way
+            if ours is None and monitor.campaigning():  # etcd may name us already
+                ours = leader.epoch if leader is not None and leader.node == self.id else 0
             if ours is not None:
-                role, epoch = Role.STARTING, ours
+                role, epoch = Role.STARTING, ours  # serving in moments
             if leader is not None and leader.node == self.id:
                 leader = None  # no usable leader elsewhere
         if epoch is None:
