@@ -97,11 +97,14 @@ class ManagedProcess:
         return cls(rec.name, rec.argv, Path(rec.log), pid=rec.pid)
 
     def is_running(self) -> bool:
-        """True while our pid is alive and still runs the command we recorded."""
+        """True while our child runs; for an adopted pid: while it is alive and still
+        runs the command we recorded."""
         if self.pid is None:
             return False
-        if self._popen is not None and self._popen.poll() is not None:
-            return False
+        if self._popen is not None:
+            # our own child: its pid cannot be recycled before we reap it, so poll() is
+            # the truth (its command line may change by exec, or read empty meanwhile)
+            return self._popen.poll() is None
         if not pid_alive(self.pid):
             return False
         cmd = _cmdline(self.pid)
