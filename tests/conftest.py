@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from canal_cluster.etcd_coordinator import EtcdCoordinator
 from canal_ha.sandbox import Sandbox
 
 # Fixture modules shared by several test files, registered once here.
@@ -49,3 +50,11 @@ def make_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxFa
     finally:
         for box in started:
             box.stop()
+
+
+@pytest.fixture
+def coord(sandbox: Sandbox) -> Iterator[EtcdCoordinator]:
+    """A coordinator on the session's etcd, for looking at what the nodes wrote."""
+    c = EtcdCoordinator(sandbox.etcd_endpoints, timeout_s=2.0)
+    yield c
+    c.close()

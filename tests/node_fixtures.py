@@ -32,6 +32,7 @@ import ssl
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from reader_fixtures import collect_leaked_sockets
 from canal_client.wire import tls_context
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
+from canal_ha.sandbox.mariadb import MariaDBServer
 from canal_ha.sandbox.ports import free_port
 from canal_ha.sandbox.process import ManagedProcess
 from canal_server.config import render_toml
@@ -52,6 +54,7 @@ __all__ = [
     "FAST_ELECTION",
     "WAIT_S",
     "NodeProc",
+    "fresh_database",
     "node_cluster",
     "node_config",
     "start_nodes",
@@ -274,3 +277,15 @@ def node_cluster(sandbox: Sandbox, tmp_path: Path) -> Iterator[Callable[..., lis
         for node in started:
             node.process.resume()
             node.process.stop(timeout_s=20)
+
+
+@contextmanager
+def fresh_database(server: MariaDBServer, db: str, *tables: str) -> Iterator[MariaDBServer]:
+    """``db`` created anew on ``server`` with ``tables`` (``name (columns)``; default one
+    table ``t (id INT PRIMARY KEY)``), dropped at the end."""
+    create = [f"CREATE TABLE {db}.{t}" for t in tables or ("t (id INT PRIMARY KEY)",)]
+    server.execute(f"DROP DATABASE IF EXISTS {db}", f"CREATE DATABASE {db}", *create)
+    try:
+        yield server
+    finally:
+        server.execute(f"DROP DATABASE IF EXISTS {db}")

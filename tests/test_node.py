@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from node_fixtures import DEST, WAIT_S, NodeProc, node_cluster, wait_leader  # noqa: F401
+from node_fixtures import DEST, WAIT_S, NodeProc, fresh_database, node_cluster, wait_leader  # noqa: F401
 
 from canal_cluster.etcd_coordinator import EtcdCoordinator
 from canal_cluster.keys import Keys
@@ -31,21 +31,8 @@ Cluster = Callable[..., list[NodeProc]]
 
 @pytest.fixture
 def table(sandbox: Sandbox) -> Iterator[Any]:
-    p = sandbox.primary
-    p.execute(
-        f"DROP DATABASE IF EXISTS {DB}",
-        f"CREATE DATABASE {DB}",
-        f"CREATE TABLE {DB}.t (id INT PRIMARY KEY)",
-    )
-    yield p
-    p.execute(f"DROP DATABASE IF EXISTS {DB}")
-
-
-@pytest.fixture
-def coord(sandbox: Sandbox) -> Iterator[EtcdCoordinator]:
-    c = EtcdCoordinator(sandbox.etcd_endpoints, timeout_s=2.0)
-    yield c
-    c.close()
+    with fresh_database(sandbox.primary, DB) as p:
+        yield p
 
 
 def base(client: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from node_fixtures import DEST, WAIT_S, NodeProc, node_cluster, wait_leader  # noqa: F401
+from node_fixtures import DEST, WAIT_S, NodeProc, fresh_database, node_cluster, wait_leader  # noqa: F401
 
 from canal_cluster.etcd_coordinator import EtcdCoordinator
 from canal_cluster.keys import Keys
@@ -35,22 +35,10 @@ Entry = tuple[str, str, tuple[int, ...]]  # (type, table, ids of its rows)
 
 @pytest.fixture
 def tables(sandbox: Sandbox) -> Iterator[MariaDBServer]:
-    p = sandbox.primary
-    p.execute(
-        f"DROP DATABASE IF EXISTS {DB}",
-        f"CREATE DATABASE {DB}",
-        f"CREATE TABLE {DB}.t1 (id INT PRIMARY KEY, pad VARCHAR(255))",
-        f"CREATE TABLE {DB}.t2 (id INT PRIMARY KEY)",
-    )
-    yield p
-    p.execute(f"DROP DATABASE IF EXISTS {DB}")
-
-
-@pytest.fixture
-def coord(sandbox: Sandbox) -> Iterator[EtcdCoordinator]:
-    c = EtcdCoordinator(sandbox.etcd_endpoints, timeout_s=2.0)
-    yield c
-    c.close()
+    with fresh_database(
+        sandbox.primary, DB, "t1 (id INT PRIMARY KEY, pad VARCHAR(255))", "t2 (id INT PRIMARY KEY)"
+    ) as p:
+        yield p
 
 
 def _base(client: str) -> str:

@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from node_fixtures import FAST_ELECTION, WAIT_S, NodeProc, node_cluster, wait_leader  # noqa: F401
+from node_fixtures import (  # noqa: F401
+    FAST_ELECTION,
+    WAIT_S,
+    NodeProc,
+    fresh_database,
+    node_cluster,
+    wait_leader,
+)
 
 from canal_client.connector import ClusterConnector
 from canal_cluster.balance import read_view
@@ -35,21 +42,8 @@ BALANCE = {"hold_s": 2.0}
 
 @pytest.fixture
 def table(sandbox: Sandbox) -> Iterator[Any]:
-    p = sandbox.primary
-    p.execute(
-        f"DROP DATABASE IF EXISTS {DB}",
-        f"CREATE DATABASE {DB}",
-        f"CREATE TABLE {DB}.t (id INT PRIMARY KEY)",
-    )
-    yield p
-    p.execute(f"DROP DATABASE IF EXISTS {DB}")
-
-
-@pytest.fixture
-def coord(sandbox: Sandbox) -> Iterator[EtcdCoordinator]:
-    c = EtcdCoordinator(sandbox.etcd_endpoints, timeout_s=2.0)
-    yield c
-    c.close()
+    with fresh_database(sandbox.primary, DB) as p:
+        yield p
 
 
 def counts(coord: EtcdCoordinator, prefix: str) -> Counter[str]:

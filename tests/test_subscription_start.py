@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from node_fixtures import DEST, WAIT_S, NodeProc, node_cluster, wait_leader  # noqa: F401
+from node_fixtures import DEST, WAIT_S, NodeProc, fresh_database, node_cluster, wait_leader  # noqa: F401
 from serving_fixtures import IDENTITY, EntryFactory, position_of
 
 from canal_client.connector import SimpleConnector
@@ -155,14 +155,8 @@ def test_spark_starting_offsets_reach_subscribe() -> None:
 
 @pytest.fixture
 def table(sandbox: Sandbox) -> Iterator[Any]:
-    p = sandbox.primary
-    p.execute(
-        f"DROP DATABASE IF EXISTS {DB}",
-        f"CREATE DATABASE {DB}",
-        f"CREATE TABLE {DB}.t (id INT PRIMARY KEY)",
-    )
-    yield p
-    p.execute(f"DROP DATABASE IF EXISTS {DB}")
+    with fresh_database(sandbox.primary, DB) as p:
+        yield p
 
 
 def base(client: str) -> str:
