@@ -78,6 +78,48 @@ def _diff(got: dict[Any, Any], want: dict[Any, Any]) -> str:
     return f"missing {missing}, extra {extra}, different {wrong}"
 
 
+class _AsUser:
+    """The primary, seen through another database user (``dsn()``)."""
+
+    def __init__(self, server: Any, user: str, password: str) -> None:
+        self.server, self.user, self.password = server, user, password
+
+    def dsn(self) -> dict[str, Any]:
+        return {**self.server.dsn(), "user": self.user, "password": self.password}
+
+    def master_status(self) -> tuple[str, int]:
+        return tuple(self.server.master_status())
+
+
+def test_table_without_select_privilege_is_refused_at_start(primary: Any) -> None:
+    """A user that sees a table (it may write it) but cannot SELECT from it: refused when
+    the snapshot is asked for, naming the table and the grant; not a run that retries
+    its first chunk forever. A table it cannot see at all: the not-found error says
+    why it may be missing."""
+    user, password = "t_snap_nosel", "nosel-secret"
+    primary.execute(
+        f"CREATE TABLE {DB}.secret (id INT PRIMARY KEY)",
+        f"DROP USER IF EXISTS '{user}'@'127.0.0.1'",
+        f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'",
+        f"GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO '{user}'@'127.0.0.1'",
+        f"GRANT SELECT ON {DB}.t TO '{user}'@'127.0.0.1'",
+        f"GRANT INSERT ON {DB}.secret TO '{user}'@'127.0.0.1'",
+    )
+    pipe = SnapshotPipeline(_AsUser(primary, user, password), "snap_nosel", 7407).start()
+    try:
+        with pytest.raises(InvalidArgument) as denied:
+            pipe.snapshots.create([f"{DB}\\.secret"])
+        assert denied.value.field == "tables[0]"
+        assert f"{DB}.secret" in str(denied.value) and "GRANT SELECT" in str(denied.value)
+        with pytest.raises(UnknownTable) as unseen:
+            pipe.snapshots.create([f"{DB}\\.(t|nokey_hidden)", f"{DB}\\.invisible"])
+        assert unseen.value.field == "tables[1]" and "SELECT" in str(unseen.value)
+        assert pipe.snapshots.runs() == []
+    finally:
+        pipe.stop()
+        primary.execute(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
+
+
 def test_bad_input_names_the_field(primary: Any) -> None:
     primary.execute(
         f"CREATE TABLE {DB}.nokey (a INT, b INT)",

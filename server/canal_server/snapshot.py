@@ -465,7 +465,11 @@ class Snapshots:
         for i, pattern in enumerate(patterns):
             found = [(s, t, e) for s, t, e in tables if pattern.fullmatch(f"{s}.{t}")]
             if not found:
-                raise UnknownTable(f"tables[{i}]", f"no table matches {pattern.pattern!r}")
+                raise UnknownTable(
+                    f"tables[{i}]",
+                    f"no table matches {pattern.pattern!r} (the database lists only the "
+                    "tables its user has a privilege on: a snapshot needs SELECT on them)",
+                )
             for schema, table, engine in found:
                 name = f"{schema}.{table}"
                 if not self._filter.accepts_name(name):
@@ -477,6 +481,13 @@ class Snapshots:
                         f"tables[{i}]",
                         f"{name} uses the {engine} engine: only InnoDB tables can be read "
                         "in a consistent snapshot",
+                    )
+                denied = reader.select_denied(schema, table)
+                if denied is not None:
+                    raise InvalidArgument(
+                        f"tables[{i}]",
+                        f"the database user cannot read {name}: {denied}; a snapshot needs "
+                        f"GRANT SELECT ON {name} (or on {schema}.*) for that user",
                     )
                 reader.shape(schema, table)  # NoSnapshotKey names it
                 if name not in names:

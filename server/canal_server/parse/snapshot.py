@@ -243,6 +243,9 @@ def _tls_args(tls: Mapping[str, Any] | None) -> dict[str, Any]:
     return {"ssl": files, "ssl_mode": mode}
 
 
+_ACCESS_DENIED = (1142, 1143)  # ER_TABLEACCESS_DENIED_ERROR, ER_COLUMNACCESS_DENIED_ERROR
+
+
 class ChunkReader:
     """Reads chunks of tables on its own connection; see the module doc."""
 
@@ -292,6 +295,18 @@ class ChunkReader:
             "ORDER BY TABLE_SCHEMA, TABLE_NAME"
         )
         return [(str(s), str(t), str(e or "")) for s, t, e in cur.fetchall()]
+
+    def select_denied(self, schema: str, table: str) -> str | None:
+        """The server's refusal when this user cannot SELECT from the table, else None."""
+        cur = self._cursor()
+        try:
+            cur.execute(f"SELECT 1 FROM {_quote(schema)}.{_quote(table)} LIMIT 0")
+        except MySQLdb.OperationalError as exc:
+            if exc.args and exc.args[0] in _ACCESS_DENIED:
+                return str(exc.args[1]) if len(exc.args) > 1 else str(exc)
+            raise
+        cur.fetchall()
+        return None
 
     def shape(self, schema: str, table: str) -> TableShape:
         """The table's columns and chunking key (``NoSnapshotKey``; ``ShapeChanged`` when
