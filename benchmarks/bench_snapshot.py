@@ -28,7 +28,7 @@ from benchmarks.bench_common import Context, Unavailable
 from benchmarks.bench_data import COLUMNS, SCHEMA
 from benchmarks.bench_node import BATCH_SIZE, _require, _touch
 
-__all__ = ["TABLE", "make_table", "snapshot"]
+__all__ = ["TABLE", "make_table", "snapshot", "snapshot_rss"]
 
 TABLE = "snap"
 CHUNK = 10_000
@@ -123,6 +123,7 @@ def _e2e_once(ctx: Context, rows: int, run: int) -> dict[str, Any]:
             r.raise_for_status()
             got = batches = 0
             rss_before = rss_max = leader.rss()
+            samples: list[tuple[int, int]] = []
             while got < rows:
                 if time.perf_counter() - t0 > TIMEOUT_S:
                     raise TimeoutError(f"{got} of {rows} rows after {TIMEOUT_S}s")
@@ -134,7 +135,9 @@ def _e2e_once(ctx: Context, rows: int, run: int) -> dict[str, Any]:
                 batches += 1
                 conn.ack(batch.id)
                 if batches % 50 == 0:
-                    rss_max = max(rss_max, leader.rss())
+                    rss = leader.rss()
+                    rss_max = max(rss_max, rss)
+                    samples.append((got, rss))
             elapsed = time.perf_counter() - t0
     finally:
         stop_all(nodes)
@@ -142,6 +145,7 @@ def _e2e_once(ctx: Context, rows: int, run: int) -> dict[str, Any]:
         "rows": got, "seconds": round(elapsed, 3), "rows_per_s": got / elapsed,
         "batches": batches, "chunk_rows": CHUNK, "batch_size_entries": BATCH_SIZE,
         "node_rss_before_bytes": rss_before, "node_rss_max_bytes": rss_max,
+        "node_rss_samples": samples,
     }  # fmt: skip
 
 
@@ -163,4 +167,25 @@ def snapshot(ctx: Context) -> dict[str, Any]:
         "vs_pymysql_loop": round(e2e["rows_per_s"] / loop["rows_per_s"], 3),
         "path": "POST snapshots -> leader node -> REST msgpack -> SimpleConnector, "
         "every value read, each batch acked",
+    }  # fmt: skip
+
+
+def snapshot_rss(ctx: Context) -> dict[str, Any]:
+    """One snapshot of a ``--snapshot-rss-rows`` table (10M by default), end to end as in
+    ``snapshot``: the node's RSS sampled every 50 batches. Bounded means the second half
+    of the rows needs no more memory than the first half."""
+    rows = int(ctx.options.get("snapshot_rss_rows", 10_000_000))
+    load_s = make_table(ctx, rows)
+    run = _e2e_once(ctx, rows, 0)
+    if run["rows"] != rows:
+        raise RuntimeError(f"the client got {run['rows']} READ rows, the table has {rows}")
+    samples = run.pop("node_rss_samples")
+    first = [rss for got, rss in samples if got <= rows // 2] or [run["node_rss_before_bytes"]]
+    second = [rss for got, rss in samples if got > rows // 2] or [run["node_rss_max_bytes"]]
+    return {
+        **run,
+        "table_rows": rows, "table_load_s": round(load_s, 1),
+        "node_rss_first_half_max_bytes": max(first),
+        "node_rss_second_half_max_bytes": max(second),
+        "node_rss_by_rows": [[got, rss] for got, rss in samples],
     }  # fmt: skip

@@ -77,6 +77,7 @@ PARTS: tuple[Part, ...] = (
     Part("failover", "failover: leader SIGKILL / SIGSTOP -> first batch", bench_node.failover),
     Part("node_rss", "node RSS, rows buffered (not acked)", bench_node.node_rss),
     Part("snapshot", "snapshot: node -> REST msgpack -> client", bench_snapshot.snapshot),
+    Part("snapshot_rss", "snapshot of a large table: node RSS", bench_snapshot.snapshot_rss),
     Part("settle", "fair share: 9 destinations on 3 nodes", bench_scale.settle),
     Part("handover", "graceful handover: consumer stall", bench_scale.handover),
     Part("scale_clients", "cost curve: clients on one destination", bench_scale.scale_clients),
@@ -108,6 +109,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rss-rows", type=int, default=100_000)
     p.add_argument(
         "--snapshot-rows", type=int, default=1_000_000, help="rows of the snapshot part's table"
+    )
+    p.add_argument(
+        "--snapshot-rss-rows", type=int, default=10_000_000, help="rows of snapshot_rss's table"
     )
     p.add_argument("--handovers", type=int, default=20, help="SIGTERM steps, and step-downs")
     p.add_argument("--scale-clients", default="1,4,16", help="client counts (scale_clients)")
@@ -162,6 +166,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "failover_trials": args.failover_trials,
         "rss_rows": args.rss_rows,
         "snapshot_rows": args.snapshot_rows,
+        "snapshot_rss_rows": args.snapshot_rss_rows,
         "failover_ttl_s": args.failover_ttl,
         "failover_switch_delay_s": args.failover_switch_delay,
         "spark_example": str(args.spark_example or ""),
