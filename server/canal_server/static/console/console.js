@@ -61,10 +61,12 @@ function chart(points) {
     return x.toFixed(1) + "," + y.toFixed(1);
   });
   const last = points[points.length - 1][1];
+  const span = Math.round((t1 - t0) / 1000);
+  const spanText = span < 120 ? span + " s" : Math.round(span / 60) + " min";
   return '<svg class="chart" width="' + w + '" height="' + h + '" role="img" aria-label="rows per second">' +
     '<polyline fill="none" stroke="#2563eb" stroke-width="1.5" points="' + xy.join(" ") + '"/>' +
     '<text x="6" y="12" font-size="10" fill="#6b7280">max ' + max.toFixed(0) + ' rows/s · now ' + last.toFixed(0) +
-    " · " + Math.round((t1 - t0) / 60000) + " min</text></svg>";
+    " · last " + spanText + "</text></svg>";
 }
 
 function renderNodes(nodes) {
