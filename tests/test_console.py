@@ -28,7 +28,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
-from canal_server.console import lag_of
+from canal_server.metrics import lag_of
 
 ADMIN = "console-admin-token"
 CONSUMER = "console-consumer-token"
@@ -137,6 +137,14 @@ def test_console_state_and_actions_need_admin(cluster: list[NodeProc], table: An
     assert httpx.get(f"{standby.url}/static/console/console.js", timeout=30).status_code == 200
     schema = httpx.get(f"{standby.url}/openapi.json", timeout=30).json()
     assert {"/v1/console/state", "/v1/console/node", "/v1/console/actions"} <= set(schema["paths"])
+
+    metrics = httpx.get(f"{leader.url}/metrics", timeout=30).text  # what Grafana plots
+    for name in (
+        "canal_store_capacity_bytes",
+        "canal_reader_lag_bytes",
+        "canal_reader_lag_seconds",
+    ):
+        assert f'{name}{{destination="{DEST}"}}' in metrics, name
 
     act = f"{standby.url}/v1/console/actions"
     body = {"action": "rollback", "destination": DEST, "client_id": "c-api"}

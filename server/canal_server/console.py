@@ -27,6 +27,7 @@ from typing import Any
 from canal_cluster.running import Reason, read_running
 from canal_protocol.errors import CoordinationError
 from canal_server.instance import Instance, Role
+from canal_server.metrics import lag_of
 from canal_server.node import Node
 
 __all__ = [
@@ -123,23 +124,6 @@ class Throughput:
     def history(self, destination: str) -> list[list[float]]:
         with self._lock:
             return [[t, round(r, 1)] for t, r in self._samples.get(destination, ())]
-
-
-def lag_of(
-    position: Mapping[str, Any] | None, end: Mapping[str, Any] | None, now_ms: int
-) -> tuple[int | None, float | None]:
-    """(bytes, seconds) the reader is behind the binlog end; None when not known (no
-    end, or another binlog file: the bytes of the files between are not known)."""
-    if position is None or end is None:
-        return None, None
-    if position.get("journal") != end.get("journal"):
-        ts = int(position.get("timestamp_ms") or 0)
-        return None, (max(0.0, (now_ms - ts) / 1000) if ts else None)
-    behind = max(0, int(end["offset"]) - int(position["offset"]))
-    if behind == 0:
-        return 0, 0.0
-    ts = int(position.get("timestamp_ms") or 0)
-    return behind, (max(0.0, (now_ms - ts) / 1000) if ts else None)
 
 
 def _events(node: Node, destination: str) -> list[dict[str, Any]]:
