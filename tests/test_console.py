@@ -261,6 +261,11 @@ def test_console_in_chromium(cluster: list[NodeProc], table: Any, driver: webdri
         assert driver.execute_script("return window.__same_page === true")
         assert new_node != leader.id and new_epoch > epoch
 
+        gone = f'#nodes tr[data-node="{leader.id}"]'  # its lease expired: not a successor
+        wait_for(
+            driver, "the killed node gone", lambda d: not d.find_elements(By.CSS_SELECTOR, gone)
+        )
+
         # admin: a snapshot, then a step-down to the page's node (or away from it)
         driver.find_element(By.ID, "snap-tables").send_keys(f"{DB}\\.t")
         driver.find_element(By.ID, "snap-start").click()

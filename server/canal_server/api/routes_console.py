@@ -17,6 +17,7 @@ read-only without one); the action needs an admin token (401 without a known tok
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from typing import Any
 
@@ -44,6 +45,7 @@ __all__ = [
 ]
 
 router = APIRouter(tags=["console"])
+log = logging.getLogger(__name__)
 
 CONSOLE_PEER_TIMEOUT_S = 2.0
 FORWARD_TIMEOUT_S = 30.0
@@ -194,6 +196,11 @@ async def console_action(request: Request) -> Response:
         result: Any = r.json()
     except ValueError:
         result = {"error": "bad_answer", "message": r.text[:500]}
+    log.info(
+        "%s: console %s sent to the leader %s (node %s, epoch %d): HTTP %d",
+        body.destination, body.action, url, node.id, node.epoch_of(body.destination),
+        r.status_code,
+    )  # fmt: skip
     out = {"action": body.action, "destination": body.destination, "leader": url,
            "status": r.status_code, "result": result}  # fmt: skip
     return respond(request, out, status=r.status_code)
