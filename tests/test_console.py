@@ -21,6 +21,7 @@ import pytest
 from conftest import SandboxFactory
 from node_fixtures import DEST, WAIT_S, NodeProc, start_nodes, wait_leader
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
@@ -187,36 +188,56 @@ def driver(monkeypatch: pytest.MonkeyPatch) -> Iterator[webdriver.Chrome]:
         d.quit()
 
 
+# The page re-renders its cluster view every poll: what lies in it is read and clicked
+# in one script (atomic in the page), never through element handles that go stale.
+
+
+def query(driver: webdriver.Chrome, selector: str, what: str) -> Any:
+    """``what`` ("text", "disabled", "points", "count", "click") of the first element
+    matching ``selector`` (None when there is none), read in the page in one go."""
+    script = """
+        const els = document.querySelectorAll(arguments[0]), el = els[0], what = arguments[1];
+        if (what === "count") return els.length;
+        if (!el) return null;
+        if (what === "click") { setTimeout(() => el.click(), 0); return true; }  // confirm() blocks
+        if (what === "points") return el.getAttribute("points");
+        if (what === "disabled") return el.disabled;
+        return el.textContent;
+    """
+    return driver.execute_script(script, selector, what)
+
+
 def leader_shown(driver: webdriver.Chrome) -> tuple[str, int]:
-    card = driver.find_element(By.CSS_SELECTOR, f'.dest[data-destination="{DEST}"]')
-    node = card.find_element(By.CSS_SELECTOR, ".leader-node").text
-    epoch = card.find_element(By.CSS_SELECTOR, ".leader-epoch").text
-    return node, int(epoch) if epoch.isdigit() else -1
+    card = f'.dest[data-destination="{DEST}"]'
+    node = query(driver, f"{card} .leader-node", "text") or ""
+    epoch = query(driver, f"{card} .leader-epoch", "text") or ""
+    return str(node), int(epoch) if str(epoch).isdigit() else -1
 
 
 def wait_for(driver: webdriver.Chrome, what: str, cond: Any) -> Any:
-    return WebDriverWait(driver, BROWSER_WAIT_S, poll_frequency=0.5).until(cond, what)
+    wait = WebDriverWait(
+        driver, BROWSER_WAIT_S, poll_frequency=0.5,
+        ignored_exceptions=(StaleElementReferenceException,),
+    )  # fmt: skip
+    return wait.until(cond, what)
 
 
 def confirm_and_result(driver: webdriver.Chrome, expect: str) -> str:
     """Accept the confirmation the action asks, then the result the page shows."""
     wait_for(driver, "the confirmation", ec.alert_is_present())
     driver.switch_to.alert.accept()
-    result = driver.find_element(By.ID, "action-result")
+    result = driver.find_element(By.ID, "action-result")  # static: never re-rendered
     wait_for(driver, f"the result {expect!r}", lambda _: expect in result.text)
     return str(result.text)
 
 
 def chart_points(driver: webdriver.Chrome) -> int:
-    lines = driver.find_elements(
-        By.CSS_SELECTOR, f'.dest[data-destination="{DEST}"] svg.chart polyline'
-    )
-    return len((lines[0].get_attribute("points") or "").split()) if lines else 0
+    points = query(driver, f'.dest[data-destination="{DEST}"] svg.chart polyline', "points")
+    return len(str(points).split()) if points else 0
 
 
 def outstanding_shown(driver: webdriver.Chrome, client: str) -> str:
-    cells = driver.find_elements(By.CSS_SELECTOR, f'tr[data-client="{client}"] td.outstanding')
-    return cells[0].text if cells else ""
+    return str(query(driver, f'tr[data-client="{client}"] td.outstanding', "text") or "")
 
 
 def test_console_in_chromium(cluster: list[NodeProc], table: Any, driver: webdriver.Chrome) -> None:
@@ -232,12 +253,12 @@ def test_console_in_chromium(cluster: list[NodeProc], table: Any, driver: webdri
     # read-only: buttons disabled, a wrong token is refused by the server
     wait_for(driver, "c-web's row", lambda d: outstanding_shown(d, "c-web") == "1")
     rollback = 'button[data-action="rollback"][data-client="c-web"]'
-    assert not driver.find_element(By.CSS_SELECTOR, rollback).is_enabled()
+    assert query(driver, rollback, "disabled") is True
     assert not driver.find_element(By.ID, "step-down").is_enabled()
     assert "read-only" in driver.find_element(By.ID, "mode").text
     driver.find_element(By.ID, "token").send_keys("not-the-token")
     driver.find_element(By.ID, "token-use").click()
-    driver.find_element(By.CSS_SELECTOR, rollback).click()
+    assert query(driver, rollback, "click")
     assert "HTTP 401" in confirm_and_result(driver, "HTTP 401")
     assert outstanding_shown(driver, "c-web") == "1"
 
@@ -246,7 +267,7 @@ def test_console_in_chromium(cluster: list[NodeProc], table: Any, driver: webdri
     driver.find_element(By.ID, "token").send_keys(ADMIN)
     driver.find_element(By.ID, "token-use").click()
     wait_for(driver, "admin mode", lambda d: "admin" in d.find_element(By.ID, "mode").text)
-    driver.find_element(By.CSS_SELECTOR, rollback).click()
+    assert query(driver, rollback, "click")
     assert '"rolled_back": null' in confirm_and_result(driver, "HTTP 200")
     wait_for(driver, "no outstanding batch", lambda d: outstanding_shown(d, "c-web") == "0")
 
