@@ -29,6 +29,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
+from canal_server.console import merge
 from canal_server.metrics import lag_of
 
 ADMIN = "console-admin-token"
@@ -339,3 +340,37 @@ def test_lag_of() -> None:
     assert lag_of({**at, "offset": 900}, end, 12_500) == (0, 0.0)  # at the end: no lag
     assert lag_of({**at, "journal": "b.000001"}, end, 12_500) == (None, 2.5)  # bytes unknown
     assert lag_of(None, end, 12_500) == (None, None)
+
+
+def _part(node: str, role: str, epoch: int, rows: list[list[float]]) -> dict[str, Any]:
+    d = {"role": role, "epoch": epoch, "reader": {"state": "running"}, "lag_bytes": 0,
+         "clients": [{"client_id": "c"}] if role == "leader" else [], "snapshots": [],
+         "rows_per_s": rows, "leadership": [{"at_ms": epoch, "node": node, "change": "gained",
+         "epoch": epoch, "reason": "won", "detail": ""}]}  # fmt: skip
+    return {"node": node, "url": f"http://{node}", "version": "1", "row_decoder": "c",
+            "etcd": {"reachable": True, "error": ""}, "destinations": {"d": d}}  # fmt: skip
+
+
+def test_merge_takes_the_leader_from_etcd_and_its_detail_from_its_node() -> None:
+    cluster = {
+        "nodes": [{"node": n, "url": f"http://{n}", "destinations": ["d"]} for n in "abc"],
+        "destinations": {"d": {"leader": {"node": "b", "url": "http://b", "epoch": 9},
+                               "nodes": ["a", "b", "c"]}},
+    }  # fmt: skip
+    a = _part("a", "standby", 9, [[5000, 1.0]])
+    b = _part("b", "leader", 9, [[5000, 2.0], [10000, 4.0]])
+    down = {"node": "c", "url": "http://c", "error": "ConnectError: refused"}
+    out = merge(a, cluster, {"a": a, "b": b, "c": down})
+    d = out["destinations"]["d"]
+    assert d["leader"]["node"] == "b" and d["clients"] == [{"client_id": "c"}]
+    assert d["rows_per_s"] == [[5000, 3.0], [10000, 4.0]]  # summed over the nodes
+    assert sorted(e["node"] for e in d["leadership"]) == ["a", "b"]  # every node's records
+    rows = {n["node"]: n for n in out["nodes"]}
+    assert rows["b"]["leads"] == ["d"] and rows["c"]["reachable"] is False
+    assert rows["c"]["alive"] is True and "refused" in rows["c"]["error"]
+    assert out["etcd"]["reachable"] is True
+
+    lost = merge(a, None, {"a": a}, etcd_error="CoordinationError: etcd timed out")
+    assert lost["etcd"] == {"reachable": False, "error": "CoordinationError: etcd timed out"}
+    assert [n["node"] for n in lost["nodes"]] == ["a"] and lost["nodes"][0]["alive"] is None
+    assert lost["destinations"]["d"]["leader"] is None  # a standby knows no leader detail

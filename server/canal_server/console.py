@@ -141,9 +141,10 @@ def _events(node: Node, destination: str) -> list[dict[str, Any]]:
     return out[-EVENTS_KEPT:]
 
 
-def _clients(node: Node, name: str, inst: Instance) -> list[dict[str, Any]]:
+def _clients(node: Node, name: str, inst: Instance, etcd_ok: bool) -> list[dict[str, Any]]:
     """The clients of a led destination: cursor, lag, outstanding batches, the active
-    consumer (its running key in etcd; null when none or etcd does not answer)."""
+    consumer (its running key in etcd; null when none or etcd does not answer: not
+    asked when the node's etcd probe failed, each read would wait its timeout)."""
     newest = inst.metrics.newest_event_ms if inst.metrics is not None else 0
     out = []
     for c in inst.meta.clients():
@@ -151,10 +152,12 @@ def _clients(node: Node, name: str, inst: Instance) -> list[dict[str, Any]]:
         lag = None
         if cursor is not None and newest:
             lag = round(max(0.0, (newest - cursor.position.timestamp_ms) / 1000), 3)
-        try:
-            active = read_running(node.coord, node.keys.client_running(name, c))
-        except CoordinationError:
-            active = None
+        active = None
+        if etcd_ok:
+            try:
+                active = read_running(node.coord, node.keys.client_running(name, c))
+            except CoordinationError:
+                etcd_ok = False
         out.append({
             "client_id": c,
             "cursor": cursor.to_dict() if cursor is not None else None,
@@ -169,6 +172,7 @@ def node_state(node: Node, throughput: Throughput) -> dict[str, Any]:
     """This node's part of the console (``/v1/console/node``); blocking (etcd, DBs)."""
     health = node.health()
     now_ms = int(time.time() * 1000)
+    etcd_ok = bool(health["etcd"]["reachable"])
     dests: dict[str, Any] = {}
     for name, d in health["destinations"].items():
         inst = node.instance(name)
@@ -184,7 +188,7 @@ def node_state(node: Node, throughput: Throughput) -> dict[str, Any]:
             "store_capacity_bytes": inst.config.memory.buffer_bytes,
             "rows_per_s": throughput.history(name),
             "leadership": _events(node, name),
-            "clients": _clients(node, name, inst) if leads else [],
+            "clients": _clients(node, name, inst, etcd_ok) if leads else [],
             "snapshots": inst.snapshots.runs() if leads else [],
         }
     return {
@@ -205,14 +209,16 @@ def _sum_history(parts: Iterable[Mapping[str, Any]], destination: str) -> list[l
     return [[t, round(total[t], 1)] for t in sorted(total)]
 
 
-def _node_row(record: Mapping[str, Any] | None, part: Mapping[str, Any]) -> dict[str, Any]:
+def _node_row(
+    record: Mapping[str, Any] | None, part: Mapping[str, Any], etcd_known: bool
+) -> dict[str, Any]:
     node_id = str(part.get("node") or (record or {}).get("node"))
     led = [d for d, v in part.get("destinations", {}).items() if v.get("role") == "leader"]
     configured = (record or {}).get("destinations") or list(part.get("destinations", {}))
     return {
         "node": node_id,
         "url": str(part.get("url") or (record or {}).get("url", "")),
-        "alive": record is not None,
+        "alive": record is not None if etcd_known else None,
         "reachable": "error" not in part,
         "leaving": bool((record or {}).get("leaving", False)),
         "version": part.get("version"),
@@ -268,8 +274,8 @@ def merge(
     an unreachable node's part is ``{"node", "url", "error"}``)."""
     records = {str(r["node"]): r for r in (cluster or {}).get("nodes", [])}
     ids = sorted(set(records) | set(parts))
-    nodes = [_node_row(records.get(i), parts.get(i, {"node": i, "error": "no answer"}))
-             for i in ids]  # fmt: skip
+    nodes = [_node_row(records.get(i), parts.get(i, {"node": i, "error": "no answer"}),
+                       cluster is not None) for i in ids]  # fmt: skip
     entries: Mapping[str, Any] = (cluster or {}).get("destinations", {})
     names = sorted(set(entries) | {d for p in parts.values() for d in p.get("destinations", {})})
     etcd = dict(answering.get("etcd") or {"reachable": True, "error": ""})

@@ -398,7 +398,9 @@ class ConsoleNodeOut(BaseModel):
 class ConsoleNodeRowOut(BaseModel):
     node: str
     url: str
-    alive: bool = Field(description="registered in etcd (its lease is alive)")
+    alive: bool | None = Field(
+        description="registered in etcd (its lease is alive); null when etcd did not answer"
+    )
     reachable: bool = Field(description="answered /v1/console/node to the answering node")
     leaving: bool
     version: str | None
