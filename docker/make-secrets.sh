@@ -48,6 +48,7 @@ password etcd_canal_password
 password etcd_spark_password
 password mariadb_root_password
 password canal_db_password
+password grafana_admin_password
 password repl_password
 password rest_token
 chmod 644 ./*

@@ -21,6 +21,10 @@ include="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 # mysqlclient (the snapshot's chunk reader) builds against MariaDB's C client library.
 [ -f /usr/include/mariadb/mysql.h ] || need_pkgs+=(libmariadb-dev)
 command -v pkg-config >/dev/null 2>&1 || need_pkgs+=(pkg-config)
+# The console's browser test (tests/test_console.py): Debian's Chromium and its driver,
+# driven headless by Selenium (never downloads a browser or a driver itself).
+command -v chromium >/dev/null 2>&1 || need_pkgs+=(chromium)
+[ -x /usr/bin/chromedriver ] || need_pkgs+=(chromium-driver)
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"

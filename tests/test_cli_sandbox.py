@@ -48,6 +48,9 @@ def test_up_detach_three_members_standby_then_down(tmp_path: Path) -> None:
         assert leader["url"] in [n["url"] for n in state["nodes"]]
         assert f"leader   {leader['node']} {leader['url']}" in up.stdout
         assert "standby/error.log" in up.stdout
+        assert f"console  {leader['url']}/console" in up.stdout
+        page = httpx.get(f"{leader['url']}/console")
+        assert page.status_code == 200 and "canal-ha console" in page.text
         health = httpx.get(f"{leader['url']}/v1/health").json()
         assert health["destinations"]["example"]["role"] == "leader"
         box = Sandbox.load(workdir)

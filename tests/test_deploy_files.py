@@ -8,15 +8,19 @@ node configs are checked with the very files and roles the deployment would have
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from canal_cluster.etcd_coordinator import EtcdCoordinator
 from canal_ha.sandbox import EtcdCluster, ServerTls
@@ -325,3 +329,86 @@ def test_mysql_compose_variant_validates(tmp_path: Path) -> None:
     config = load_config(path)
     local = config.destinations["example"].local
     assert local is not None and local.dir == str(tmp_path / "mysql")
+
+
+# -- metrics: Prometheus and the Grafana dashboard -------------------------------------------
+
+GRAFANA = DOCKER / "grafana"
+DASHBOARD = GRAFANA / "dashboards" / "canal-ha.json"
+
+
+def _yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+def test_compose_runs_prometheus_and_grafana_provisioned_from_files() -> None:
+    compose = _yaml(DOCKER / "compose.yml")
+    services = compose["services"]
+    prom, graf = services["prometheus"], services["grafana"]
+    assert "./prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in prom["volumes"]
+    assert "./grafana/provisioning:/etc/grafana/provisioning:ro" in graf["volumes"]
+    assert "./grafana/dashboards:/var/lib/grafana/dashboards:ro" in graf["volumes"]
+    for svc in (prom, graf):  # published on the host's loopback only
+        assert all(p.startswith("127.0.0.1:") for p in svc["ports"])
+    env = graf["environment"]
+    assert env["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/secrets/grafana_admin_password"
+    assert env["GF_ANALYTICS_CHECK_FOR_UPDATES"] == "false"  # nothing fetched at run time
+    assert "password grafana_admin_password" in (DOCKER / "make-secrets.sh").read_text()
+    out = compose_config()  # docker-compose accepts it
+    assert "  prometheus:" in out and "  grafana:" in out
+
+
+def test_prometheus_scrapes_every_node() -> None:
+    compose = _yaml(DOCKER / "compose.yml")
+    nodes = sorted(s for s in compose["services"] if s.startswith("canal-node"))
+    listen = {load_config_listen(DOCKER / "config" / f"node{n[-1]}.toml") for n in nodes}
+    assert listen == {"0.0.0.0:11111"}
+    (job,) = _yaml(DOCKER / "prometheus" / "prometheus.yml")["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    assert job["static_configs"][0]["targets"] == [f"{n}:11111" for n in nodes]
+
+
+def load_config_listen(path: Path) -> str:
+    return str(tomllib.loads(path.read_text())["node"]["listen"])
+
+
+def _exported_metric_names() -> set[str]:
+    """Every sample name a node's /metrics has (a leader with a client and a snapshot)."""
+    from canal_server.metrics import ClientGauge, DestinationGauges, NodeMetrics, SnapshotGauge
+
+    class Leader:
+        def gauges(self) -> list[DestinationGauges]:
+            return [
+                DestinationGauges(
+                    "d", 7, True, 10, 2048, [ClientGauge("c", 1, 0.5)],
+                    [SnapshotGauge("s1", "running", 0, 1, 10, 1, 5.0)], 4096, 100, 0.2,
+                )
+            ]  # fmt: skip
+
+    metrics = NodeMetrics()
+    metrics.instance("d")
+    metrics.etcd_errors.inc()
+    metrics.watch_state(Leader())
+    text = metrics.render().decode()
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
+
+
+def test_grafana_dashboard_plots_what_the_nodes_export() -> None:
+    dash = json.loads(DASHBOARD.read_text())
+    ds = _yaml(GRAFANA / "provisioning" / "datasources" / "prometheus.yml")["datasources"][0]
+    assert ds["type"] == "prometheus" and ds["url"] == "http://prometheus:9090"
+    (provider,) = _yaml(GRAFANA / "provisioning" / "dashboards" / "canal-ha.yml")["providers"]
+    assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
+    titles = " | ".join(p["title"].lower() for p in dash["panels"])
+    for topic in ("throughput", "lag", "store fill", "leader epoch", "failovers", "etcd errors"):
+        assert topic in titles, topic
+    exported = _exported_metric_names()
+    used: set[str] = set()
+    for panel in dash["panels"]:
+        assert panel["datasource"]["uid"] == ds["uid"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == ds["uid"]
+            used |= set(re.findall(r"\bcanal_[a-z_]+", target["expr"]))
+    assert used and used <= exported, sorted(used - exported)
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(set(ids)) == len(ids)

@@ -292,6 +292,7 @@ def _serve_up(box: Sandbox, args: argparse.Namespace) -> None:
         leader = wait_for_leader(box, nodes)
         say(f"  leader   {leader['node']} {leader['url']} "
               f"(destination {DESTINATION}, epoch {leader['epoch']})")  # fmt: skip
+        say(f"  console  {leader['url']}/console  (web console: every node serves it)")
     if args.detach:
         say(f"detached; stop with: canal-ha down --workdir {args.workdir}")
         return

@@ -7,9 +7,9 @@ epoch) are computed at scrape time from a ``StateSource`` by a custom collector.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -25,6 +25,7 @@ __all__ = [
     "NodeMetrics",
     "SnapshotGauge",
     "StateSource",
+    "lag_of",
 ]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -59,6 +60,26 @@ class DestinationGauges:
     store_bytes: int = 0
     clients: Sequence[ClientGauge] = field(default_factory=tuple)
     snapshots: Sequence[SnapshotGauge] = field(default_factory=tuple)
+    store_capacity_bytes: int = 0  # memory.buffer_bytes (0: unknown)
+    reader_lag_bytes: int | None = None  # binlog end minus reader position (leader, same file)
+    reader_lag_s: float | None = None  # 0 at the end, else now minus the last commit read
+
+
+def lag_of(
+    position: Mapping[str, Any] | None, end: Mapping[str, Any] | None, now_ms: int
+) -> tuple[int | None, float | None]:
+    """(bytes, seconds) the reader is behind the binlog end; None when not known (no
+    end, or another binlog file: the bytes of the files between are not known)."""
+    if position is None or end is None:
+        return None, None
+    if position.get("journal") != end.get("journal"):
+        ts = int(position.get("timestamp_ms") or 0)
+        return None, (max(0.0, (now_ms - ts) / 1000) if ts else None)
+    behind = max(0, int(end["offset"]) - int(position["offset"]))
+    if behind == 0:
+        return 0, 0.0
+    ts = int(position.get("timestamp_ms") or 0)
+    return behind, (max(0.0, (now_ms - ts) / 1000) if ts else None)
 
 
 class StateSource(Protocol):
@@ -109,6 +130,20 @@ class _StateCollector(Collector):
         size = GaugeMetricFamily(
             "canal_store_bytes", "Estimated bytes in the event store", labels=["destination"]
         )
+        capacity = GaugeMetricFamily(
+            "canal_store_capacity_bytes", "Bytes the event store may hold (memory.buffer_bytes)",
+            labels=["destination"],
+        )  # fmt: skip
+        lag_bytes = GaugeMetricFamily(
+            "canal_reader_lag_bytes",
+            "Binlog end minus the reader's position, in bytes (leader; same binlog file)",
+            labels=["destination"],
+        )
+        lag_s = GaugeMetricFamily(
+            "canal_reader_lag_seconds",
+            "0 when the reader is at the binlog end, else seconds since the last commit it read",
+            labels=["destination"],
+        )
         outstanding = GaugeMetricFamily(
             "canal_outstanding_batches",
             "Outstanding batches per client",
@@ -125,11 +160,17 @@ class _StateCollector(Collector):
             leader.add_metric([d], 1.0 if g.leader else 0.0)
             entries.add_metric([d], g.store_entries)
             size.add_metric([d], g.store_bytes)
+            if g.store_capacity_bytes:
+                capacity.add_metric([d], g.store_capacity_bytes)
+            if g.reader_lag_bytes is not None:
+                lag_bytes.add_metric([d], g.reader_lag_bytes)
+            if g.reader_lag_s is not None:
+                lag_s.add_metric([d], g.reader_lag_s)
             for c in g.clients:
                 outstanding.add_metric([d, c.client], c.outstanding_batches)
                 if c.cursor_lag_s is not None:
                     lag.add_metric([d, c.client], c.cursor_lag_s)
-        yield from (epoch, leader, entries, size, outstanding, lag)
+        yield from (epoch, leader, entries, size, capacity, lag_bytes, lag_s, outstanding, lag)
         yield from _snapshot_metrics(self._source.gauges())
 
 

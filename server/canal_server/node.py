@@ -46,7 +46,13 @@ from canal_protocol.errors import (
 )
 from canal_server.config import NodeConfig
 from canal_server.instance import Instance, Role, build_instance
-from canal_server.metrics import ClientGauge, DestinationGauges, NodeMetrics, SnapshotGauge
+from canal_server.metrics import (
+    ClientGauge,
+    DestinationGauges,
+    NodeMetrics,
+    SnapshotGauge,
+    lag_of,
+)
 from canal_server.parse import rowcodec
 
 __all__ = ["ETCD_CHECK_TTL_S", "DestinationView", "EtcdProbe", "Node"]
@@ -470,6 +476,14 @@ class Node:
                               s["chunks"], s["rows_per_s"])
                 for s in (inst.snapshots.runs() if v.role is Role.LEADER else ())
             ]  # fmt: skip
+            lag_bytes, lag_s = self._reader_lag(inst) if v.role is Role.LEADER else (None, None)
             yield DestinationGauges(
-                name, v.epoch, v.role is Role.LEADER, entries, size, clients, snapshots
-            )
+                name, v.epoch, v.role is Role.LEADER, entries, size, clients, snapshots,
+                inst.config.memory.buffer_bytes, lag_bytes, lag_s,
+            )  # fmt: skip
+
+    @staticmethod
+    def _reader_lag(inst: Instance) -> tuple[int | None, float | None]:
+        """(bytes, seconds) the leader's reader is behind the binlog end (``lag_of``;
+        the end is cached for 1 s)."""
+        return lag_of(inst.reader_position(), inst.binlog_end(), int(time.time() * 1000))

@@ -12,6 +12,8 @@
   admin tokens (``auth.tokens``, ``auth.admin``) may do everything; consumer tokens
   (``auth.consumer``) only the client routes, of the destinations and client ids they
   are limited to, and the read-only node routes (``access.py``).
+* ``/console`` is the web console (``routes_console``): static files of the package,
+  fed by ``/v1/console/state``; admin actions through ``/v1/console/actions``.
 * ``/docs`` is Swagger UI from the package's own files (``canal_server/static``): it
   works offline.
 * Blocking store calls (long polls) run in a worker thread, never on the event loop.
@@ -32,7 +34,14 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.staticfiles import StaticFiles
 
-from canal_server.api import errors, routes_admin, routes_destinations, routes_docs, routes_node
+from canal_server.api import (
+    errors,
+    routes_admin,
+    routes_console,
+    routes_destinations,
+    routes_docs,
+    routes_node,
+)
 from canal_server.api import models as m
 from canal_server.api.access import Access
 from canal_server.api.deps import LeaderLookup, read_body, require_admin
@@ -62,6 +71,7 @@ def create_app(node: Node) -> FastAPI:
     app.include_router(routes_node.router)
     app.include_router(routes_destinations.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_console.router)
     # snapshots change the cluster: admin tokens only
     parts = SnapshotRouteParts(require_admin, _leader_of, encode, read_body)
     add_snapshot_routes(app, node, parts)

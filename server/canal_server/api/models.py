@@ -27,6 +27,15 @@ __all__ = [
     "ClusterOut",
     "ColumnOut",
     "ColumnsOut",
+    "ConsoleActionOut",
+    "ConsoleActionRequest",
+    "ConsoleClientOut",
+    "ConsoleDestinationOut",
+    "ConsoleLeadershipOut",
+    "ConsoleNodeDestinationOut",
+    "ConsoleNodeOut",
+    "ConsoleNodeRowOut",
+    "ConsoleStateOut",
     "CursorOut",
     "CursorRequest",
     "DatabaseOut",
@@ -337,3 +346,116 @@ class StepDownOut(BaseModel):
     epoch: int = Field(description="the epoch handed over")
     new_epoch: int = Field(description="the successor's epoch")
     took_ms: float = Field(description="from the request to the successor leading")
+
+
+# -- the web console (/console, routes_console.py) ------------------------------------------
+
+
+class ConsoleLeadershipOut(BaseModel):
+    at_ms: int = Field(description="when the node recorded it (ms since the epoch)")
+    node: str
+    change: Literal["gained", "ended"]
+    epoch: int | None
+    reason: str = Field(description="e.g. won, took_over, handed_over, lost, fenced, released")
+    detail: str = Field(description="why, for handovers and rebalancing")
+
+
+class ConsoleClientOut(BaseModel):
+    client_id: str
+    cursor: Position | None
+    lag_s: float | None = Field(description="cursor behind the newest event read, seconds")
+    outstanding_batches: int
+    active_consumer: str | None = Field(
+        description="the consumer holding the client's running key in etcd"
+    )
+
+
+class ConsoleNodeDestinationOut(DestinationHealth):
+    lag_bytes: int | None = Field(
+        description="binlog end minus reader position (same file; null otherwise)"
+    )
+    lag_s: float | None = Field(description="0 at the end, else now minus the last commit read")
+    store_entries: int
+    store_bytes: int
+    store_capacity_bytes: int = Field(description="memory.buffer_bytes")
+    rows_per_s: list[list[float]] = Field(
+        description="[t_ms, rows/s] every 5 s, the last 10 minutes, as this node read them"
+    )
+    leadership: list[ConsoleLeadershipOut]
+    clients: list[ConsoleClientOut] = Field(description="on the leader only")
+    snapshots: list[dict[str, Any]] = Field(description="on the leader only (SnapshotOut)")
+
+
+class ConsoleNodeOut(BaseModel):
+    node: str
+    url: str
+    version: str
+    row_decoder: Literal["c", "python"]
+    etcd: EtcdOut
+    destinations: dict[str, ConsoleNodeDestinationOut]
+
+
+class ConsoleNodeRowOut(BaseModel):
+    node: str
+    url: str
+    alive: bool | None = Field(
+        description="registered in etcd (its lease is alive); null when etcd did not answer"
+    )
+    reachable: bool = Field(description="answered /v1/console/node to the answering node")
+    leaving: bool
+    version: str | None
+    row_decoder: str | None
+    destinations: list[str] = Field(description="configured")
+    leads: list[str]
+    etcd_reachable: bool | None
+    error: str
+
+
+class ConsoleDestinationOut(BaseModel):
+    leader: dict[str, Any] | None = Field(description="{node, url, epoch} from etcd")
+    nodes: list[str]
+    reader: ReaderOut | None
+    reader_position: ReaderPositionOut | None
+    binlog_end: BinlogEndOut | None
+    lag_bytes: int | None
+    lag_s: float | None
+    store_entries: int | None
+    store_bytes: int | None
+    store_capacity_bytes: int | None
+    database: DatabaseOut | None
+    clients: list[ConsoleClientOut]
+    snapshots: list[dict[str, Any]]
+    rows_per_s: list[list[float]] = Field(description="[t_ms, rows/s] summed over the nodes")
+    leadership: list[ConsoleLeadershipOut] = Field(description="newest first, every node's")
+
+
+class ConsoleStateOut(BaseModel):
+    node: str = Field(description="the node that answered")
+    url: str
+    at_ms: int
+    etcd: EtcdOut = Field(description="reachable false: this node lost etcd")
+    nodes: list[ConsoleNodeRowOut]
+    destinations: dict[str, ConsoleDestinationOut]
+
+
+class ConsoleActionRequest(_Request):
+    action: Literal["step_down", "start_snapshot", "cancel_snapshot", "rollback"]
+    destination: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    client_id: str | None = Field(
+        default=None, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="rollback"
+    )
+    snapshot_id: str | None = Field(
+        default=None, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="cancel_snapshot"
+    )
+    tables: list[str] | None = Field(
+        default=None, max_length=256, description="start_snapshot: regexes on schema.table"
+    )
+    to: str | None = Field(default=None, max_length=64, description="step_down: the successor")
+
+
+class ConsoleActionOut(BaseModel):
+    action: str
+    destination: str
+    leader: str = Field(description="the URL the action was sent to")
+    status: int = Field(description="the leader's HTTP status (also this answer's)")
+    result: dict[str, Any] = Field(description="the leader's answer")
