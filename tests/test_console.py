@@ -11,6 +11,7 @@ live cluster to ``docs/console.png`` (shown in the README).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,7 +38,9 @@ CONSUMER = "console-consumer-token"
 DB = "t_console"
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "console.png"
+# The README's picture: written where CANAL_CONSOLE_SCREENSHOT says (e.g.
+# docs/console.png), else into the test's temporary dir: a test run leaves the tree as is.
+SCREENSHOT_ENV = "CANAL_CONSOLE_SCREENSHOT"
 BROWSER_WAIT_S = 90.0
 
 
@@ -241,7 +244,9 @@ def outstanding_shown(driver: webdriver.Chrome, client: str) -> str:
     return str(query(driver, f'tr[data-client="{client}"] td.outstanding', "text") or "")
 
 
-def test_console_in_chromium(cluster: list[NodeProc], table: Any, driver: webdriver.Chrome) -> None:
+def test_console_in_chromium(
+    cluster: list[NodeProc], table: Any, driver: webdriver.Chrome, tmp_path: Path
+) -> None:
     leader = wait_leader(cluster)
     page_node = next(n for n in cluster if n is not leader)  # it survives the leader's kill
     outstanding_batch(leader, table, "c-web", 1000)
@@ -306,8 +311,9 @@ def test_console_in_chromium(cluster: list[NodeProc], table: Any, driver: webdri
         # a few rows/s samples (one per 5 s) for the screenshot
         wait_for(driver, "the rows/s chart", lambda d: chart_points(d) >= 4)
     assert driver.execute_script("return window.__same_page === true")
-    SCREENSHOT.parent.mkdir(exist_ok=True)
-    assert driver.save_screenshot(str(SCREENSHOT))
+    shot = Path(os.environ.get(SCREENSHOT_ENV) or tmp_path / "console.png")
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    assert driver.save_screenshot(str(shot))
 
 
 def test_console_banner_when_the_node_loses_etcd(
