@@ -134,7 +134,7 @@ class DatabaseLink:
         """A link from a DSN dict (host, port, user, password) and our slave id."""
         return cls(
             f"{conn['host']}:{conn['port']}",
-            SqlBinlogInspector(conn),
+            SqlBinlogInspector(conn, slave_id),
             StreamEventSource(conn, slave_id),
         )
 
