@@ -263,6 +263,7 @@ class MySQLReplayServer:
     queries: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
     dumps: list[dict[str, Any]] = field(default_factory=list)
+    heartbeats: int = 0  # HEARTBEAT events sent
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -623,6 +624,7 @@ class MySQLReplayServer:
             if heartbeat_ns and last is not None:
                 beat = _artificial(HEARTBEAT, self.server_id, last.size, last.name.encode(), True)
                 conn.write(b"\x00" + (beat if checksum else beat[:-4]))
+                self.heartbeats += 1
 
     def _fake_rotate(self, name: str, pos: int, checksum: bool) -> bytes:
         body = struct.pack("<Q", pos) + name.encode()

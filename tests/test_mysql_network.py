@@ -56,7 +56,7 @@ class Reading:
         config = ReaderConfig(srv.dsn(), slave_id=4711, gtid_mode=gtid_mode, heartbeat_s=1.0)
         self.reader = BinlogReader(config, self.entries.extend)
 
-    def until(self, start: EntryPosition, end: tuple[str, int]) -> list[Entry]:
+    def start(self, start: EntryPosition) -> threading.Thread:
         def run() -> None:
             try:
                 self.reader.run(start)
@@ -65,8 +65,12 @@ class Reading:
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
+        return thread
+
+    def until(self, start: EntryPosition, end: tuple[str, int]) -> list[Entry]:
+        thread = self.start(start)
         try:
-            wait_for(lambda: self.error is not None or self._at(end))
+            wait_for(lambda: self.error is not None or self.at(end))
         finally:
             self.reader.stop()
             thread.join(10)
@@ -74,7 +78,7 @@ class Reading:
             raise self.error
         return self.entries
 
-    def _at(self, end: tuple[str, int]) -> bool:
+    def at(self, end: tuple[str, int]) -> bool:
         last = self.reader.last_position
         return last is not None and (last.journal, last.offset) == end
 
@@ -106,6 +110,25 @@ def test_mysql_flavour_reads_a_binlog_by_file_and_offset(server: MySQLReplayServ
     assert GtidSet.parse(entries[-1].gtid_state) == GtidSet.parse(f"{UUID}:1-5")
     assert server.dumps[0]["file"] == BINLOG and server.dumps[0]["gtids"] is None
     assert not server.unknown  # every statement canal-ha sent is one MySQL knows
+
+
+def test_idle_dump_gets_heartbeats_and_stays_connected(server: MySQLReplayServer) -> None:
+    """At the end of the binlog MySQL sends HEARTBEAT events (every heartbeat_s, asked
+    with @master_heartbeat_period); the reader's socket times out after three missed
+    ones, so without them it would reconnect (seen: a second dump from 3331 after a
+    2013 timeout). Five heartbeats later: one dump, no error, no entry twice."""
+    reading = Reading(server)  # heartbeat_s=1.0: read timeout 3 s
+    thread = reading.start(EntryPosition(BINLOG, 4))
+    try:
+        wait_for(lambda: reading.error is not None or reading.at((BINLOG, 3331)))
+        wait_for(lambda: reading.error is not None or server.heartbeats >= 5)
+    finally:
+        reading.reader.stop()
+        thread.join(10)
+    assert reading.error is None
+    assert len([d for d in server.dumps if not d["flags"] & 1]) == 1  # blocking dumps
+    assert reading.reader.dump_error_count == 0
+    assert len(reading.entries) == 11
 
 
 def test_resume_inside_a_file_gets_the_gtid_state_from_the_binlog(

@@ -319,7 +319,7 @@ def open_stream(
         raise ValueError("give exactly one of journal (+ offset) or gtid")
     if check_config:
         check_server_config(conn, gtid_mode=gtid_mode or gtid is not None)
-    mysql = is_mysql(_guarded(lambda: server_version(conn)))
+    mysql = is_mysql(_guarded(conn, lambda: server_version(conn)))
     settings = _connection_kwargs(conn)
     if heartbeat_s:
         settings["read_timeout"] = max(3 * heartbeat_s, 1.0)
@@ -333,11 +333,12 @@ def open_stream(
         "enable_logging": False,
         "use_column_name_cache": False,
     }
+    if mysql and gtid is not None:
+        return _MysqlStreamReader(is_mariadb=False, auto_position=gtid, **common)
     if mysql:
-        position = {"auto_position": gtid} if gtid is not None else {}
-        if gtid is None:
-            position = {"resume_stream": True, "log_file": journal, "log_pos": offset or 4}
-        return _MysqlStreamReader(is_mariadb=False, **position, **common)
+        return _MysqlStreamReader(
+            is_mariadb=False, resume_stream=True, log_file=journal, log_pos=offset or 4, **common
+        )
     if gtid is not None:
         return _MariadbStreamReader(is_mariadb=True, auto_position=gtid, **common)
     return _MariadbStreamReader(
@@ -345,7 +346,7 @@ def open_stream(
     )
 
 
-def _guarded(query: Any) -> Any:
+def _guarded(conn: Mapping[str, Any], query: Any) -> Any:
     """A query made before the dump, its errors translated like ``next_event``'s."""
     try:
         return query()
@@ -353,6 +354,9 @@ def _guarded(query: Any) -> Any:
         code = exc.args[0] if exc.args else None
         if code in CONNECTION_LOST_CODES:
             raise BinlogConnectionLost(f"binlog connection lost: {exc}") from exc
+        denied = access_error(exc, conn)
+        if denied is not None:
+            raise denied from exc
         raise
 
 
@@ -369,6 +373,7 @@ class _MysqlStreamReader(BinLogStreamReader):  # type: ignore[misc]
         rows = wanted is None or any(issubclass(w, RowsEvent) for w in wanted)
         self._decoder = EventDecoder("mysql", on_table=SchemaTracker().fill if rows else None)
         self._pending: deque[Any] = deque()
+        self._journal = str(kwargs.get("log_file") or "")  # names the file in errors
 
     def fetchone(self) -> Any:
         while True:
@@ -384,9 +389,9 @@ class _MysqlStreamReader(BinLogStreamReader):  # type: ignore[misc]
             if not packet.is_ok_packet():
                 continue
             raw = packet.get_all_data()[1:]
-            for ev in self._decoder.decode(raw, f"{self.log_file}"):
+            for ev in self._decoder.decode(raw, self._journal):
                 if isinstance(ev, RotateEvent):
-                    self.log_file = str(ev.next_binlog)
+                    self._journal = str(ev.next_binlog)
                 if self._wanted is None or isinstance(ev, self._wanted):
                     self._pending.append(ev)
 
