@@ -253,10 +253,11 @@ def access_error(exc: pymysql.err.MySQLError, conn: Mapping[str, Any]) -> Binlog
     return None
 
 
-def check_server_config(conn: Mapping[str, Any], gtid_mode: bool = False) -> None:
+def check_server_config(conn: Mapping[str, Any], gtid_mode: bool = False) -> str:
     """Read the server's version, binlog variables and the user's grants, and check them
     (BinlogConfigError naming each wrong variable, a refused login, a missing grant).
-    ``gtid_mode``: the destination reads by GTID (MySQL then needs ``gtid_mode=ON``)."""
+    ``gtid_mode``: the destination reads by GTID (MySQL then needs ``gtid_mode=ON``).
+    Returns the server's ``VERSION()``."""
     names = ", ".join(f"'{n}'" for n in (*REQUIRED_VARIABLES, *_MYSQL_EXTRA))
     try:
         with connect(conn) as c, c.cursor() as cur:
@@ -273,6 +274,7 @@ def check_server_config(conn: Mapping[str, Any], gtid_mode: bool = False) -> Non
         if denied is None:
             raise
         raise denied from exc
+    return version
 
 
 # -- the stream ----------------------------------------------------------------------
@@ -318,8 +320,10 @@ def open_stream(
     if (journal is None) == (gtid is None):
         raise ValueError("give exactly one of journal (+ offset) or gtid")
     if check_config:
-        check_server_config(conn, gtid_mode=gtid_mode or gtid is not None)
-    mysql = is_mysql(_guarded(conn, lambda: server_version(conn)))
+        version = check_server_config(conn, gtid_mode=gtid_mode or gtid is not None)
+    else:
+        version = _guarded(conn, lambda: server_version(conn))
+    mysql = is_mysql(version)
     settings = _connection_kwargs(conn)
     if heartbeat_s:
         settings["read_timeout"] = max(3 * heartbeat_s, 1.0)
