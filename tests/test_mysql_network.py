@@ -222,3 +222,15 @@ def test_table_without_column_names_is_refused_over_the_network(tmp_path: Path) 
 def test_missing_binlog_file_is_a_purged_position(server: MySQLReplayServer) -> None:
     with pytest.raises(PurgedPosition, match="Could not find first log file"):
         Reading(server).until(EntryPosition("mysql-bin.000000", 4), ("never", 0))
+
+
+def test_compressed_transaction_is_decoded_over_the_network(tmp_path: Path) -> None:
+    """MySQL 8.0.32, binlog_transaction_compression=ON, gtid_mode OFF: the table map sits
+    inside the zstd TRANSACTION_PAYLOAD (after an anonymous GTID event); it is reached
+    over the network and, written without column names, refused naming the table."""
+    compressed = {BINLOG: "rmc__transaction_compression.000001"}
+    with (
+        _serve(tmp_path, compressed, variables={"gtid_mode": "OFF"}) as srv,
+        pytest.raises(BinlogConfigError, match=r"table test\.tb1: the binlog carries no column"),
+    ):
+        Reading(srv).until(EntryPosition(BINLOG, 4), ("never", 0))
