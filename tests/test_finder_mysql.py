@@ -128,6 +128,36 @@ def test_history_from_the_same_source_is_reused(server: MySQLReplayServer) -> No
     assert found.position == pos
 
 
+def test_history_inside_transaction_moves_when_reader_asks(server: MySQLReplayServer) -> None:
+    """A client cursor can lie inside a transaction (batches are cut by entry count):
+    back to its GTID event, with the GTID state before it. At its end it stays."""
+    inside = EntryPosition("mysql-bin.000003", 1855, 1, "", T4 * 1000)  # txn 4's rows
+    history = LogPosition(LogIdentity(server.address, SLAVE_ID, 1), inside)
+    finder = _finder(history)
+    for found in (
+        finder.find(_link(server)),
+        finder.find(_link(server), need_transaction_begin=True),
+    ):
+        assert found.reasons == (R.HISTORY, R.MOVED_TO_TRANSACTION_BEGIN)
+        assert found.position.offset == 1560
+        assert found.position.gtid == f"{ENUM_UUID}:1-3"
+    at_end = LogPosition(history.identity, EntryPosition("mysql-bin.000003", 2659, 1, "", 1))
+    assert _finder(at_end).find(_link(server)).reasons == (R.HISTORY,)
+
+
+def test_history_of_another_database_at_the_same_address_falls_back_at_once(
+    server: MySQLReplayServer,
+) -> None:
+    """The history names another @@server_id than the one answering at its address."""
+    position = EntryPosition("mysql-bin.000003", 4, 99, "", (T4 + 1) * 1000)
+    other = LogPosition(LogIdentity(server.address, 0, 2), position)
+    found = _finder(other, fallback_interval_s=1).find(_link(server))
+    assert found.reasons == (R.FALLBACK_SERVER_ID_CHANGED,)
+    assert (found.position.journal, found.position.offset) == ("mysql-bin.000003", 2659)
+    same = LogPosition(LogIdentity(server.address, 0, 1), position)
+    assert _finder(same).find(_link(server), dump_errors=5).reasons == (R.HISTORY,)
+
+
 def test_history_from_another_source_falls_back_by_time(server: MySQLReplayServer) -> None:
     pos = EntryPosition("other-bin.000009", 99, 7, "", (T4 + 60) * 1000)
     history = LogPosition(LogIdentity("127.0.0.1:1", SLAVE_ID, 7), pos)
