@@ -411,17 +411,12 @@ class MySQLReplayServer:
             + bytes([21]) + b"\0" * 10 + salt[8:] + b"\0" + plugin.encode() + b"\0"
         )  # fmt: skip
         data = conn.read()
-        caps = struct.unpack_from("<I", data, 0)[0]
-        at = 32
+        at = 32  # after capabilities, max packet size, charset and 23 reserved bytes
         end = data.index(b"\0", at)
         user = data[at:end].decode()
         at = end + 1
-        if caps & 0x200000:
-            n = data[at]
-            auth, at = data[at + 1 : at + 1 + n], at + 1 + n
-        else:
-            n = data[at]
-            auth, at = data[at + 1 : at + 1 + n], at + 1 + n
+        n = data[at]  # a length-encoded (or, without 0x200000, one-byte) length: < 251 here
+        auth = data[at + 1 : at + 1 + n]
         if user != self.user or auth != self._scramble(plugin, salt):
             conn.error(
                 ReplayError(

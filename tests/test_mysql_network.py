@@ -234,3 +234,13 @@ def test_compressed_transaction_is_decoded_over_the_network(tmp_path: Path) -> N
         pytest.raises(BinlogConfigError, match=r"table test\.tb1: the binlog carries no column"),
     ):
         Reading(srv).until(EntryPosition(BINLOG, 4), ("never", 0))
+
+
+@pytest.mark.parametrize("version", ["8.4.3", "8.0.36"])
+def test_wrong_password_is_refused_clearly(tmp_path: Path, version: str) -> None:
+    """caching_sha2_password (8.x's default; its fast path) checks the scramble: a wrong
+    db.password is a BinlogConfigError naming it, not a retried dump."""
+    with _serve(tmp_path, {BINLOG: ENUM}, version=version, password="right") as srv:
+        check_server_config(srv.dsn())
+        with pytest.raises(BinlogConfigError, match=r"refused the database user.*db\.password"):
+            check_server_config(srv.dsn(password="wrong"))
