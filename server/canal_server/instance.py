@@ -145,16 +145,17 @@ def query_master_status(dsn: Mapping[str, Any]) -> dict[str, Any] | None:
     it does not answer within ``BINLOG_END_TIMEOUT_S``."""
     conn = {**dsn, "connect_timeout": BINLOG_END_TIMEOUT_S, "read_timeout": BINLOG_END_TIMEOUT_S}
     with binlog_stream.connect(conn) as c, c.cursor() as cur:
-        cur.execute("SHOW MASTER STATUS")
-        row = cur.fetchone()
-        cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
-        gtid = cur.fetchone()
+        row = binlog_stream.binary_log_status(cur)
+        gtid: Any = row[4:5] if row and len(row) > 4 else None  # MySQL: Executed_Gtid_Set
+        if gtid is None:
+            cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
+            gtid = cur.fetchone()
     if not row:
         return None
     return {
         "journal": str(row[0]),
         "offset": int(row[1]),
-        "gtid": str(gtid[0] or "") if gtid else "",
+        "gtid": str(gtid[0] or "").replace("\n", "") if gtid else "",
         "source_address": address_of(dsn),
     }
 

@@ -39,9 +39,10 @@ from pymysqlreplication.event import (
 )
 
 from canal_protocol.errors import PositionNotFound, PurgedPosition
+from canal_protocol.gtid import GtidSet
 from canal_protocol.positions import journal_seq
 from canal_server.parse import binlog_stream
-from canal_server.parse.event_decoder import AnonymousGtidEvent
+from canal_server.parse.event_decoder import AnonymousGtidEvent, PreviousGtidsEvent
 
 __all__ = [
     "BINLOG_START_OFFSET",
@@ -59,6 +60,7 @@ __all__ = [
     "classify",
     "is_mariadb_gtid_state",
     "locate_gtid_state",
+    "mysql_gtid_at",
     "open_group_start",
 ]
 
@@ -143,10 +145,16 @@ class BinlogInspector(Protocol):
 
 
 class SqlBinlogInspector:
-    """``BinlogInspector`` over one pymysql connection per call (the canal user)."""
+    """``BinlogInspector`` over one pymysql connection per call (the canal user).
 
-    def __init__(self, conn: Mapping[str, Any]) -> None:
+    On MySQL (its ``VERSION()``, asked once) the GTID state at a position is read from
+    the binlog (``mysql_gtid_at``, a dump as replica ``slave_id``): MySQL has no
+    ``BINLOG_GTID_POS``."""
+
+    def __init__(self, conn: Mapping[str, Any], slave_id: int = 0) -> None:
         self._conn = conn
+        self._slave_id = slave_id
+        self._version: str | None = None
 
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with binlog_stream.connect(self._conn) as c, c.cursor() as cur:
@@ -158,10 +166,16 @@ class SqlBinlogInspector:
         return sorted(files, key=lambda f: journal_seq(f.name))
 
     def master_status(self) -> tuple[str, int]:
-        rows = self._rows("SHOW MASTER STATUS")
-        if not rows:
-            raise PositionNotFound("SHOW MASTER STATUS is empty: is log_bin on?")
-        return str(rows[0][0]), int(rows[0][1])
+        with binlog_stream.connect(self._conn) as c, c.cursor() as cur:
+            row = binlog_stream.binary_log_status(cur)
+        if not row:
+            raise PositionNotFound("SHOW BINARY LOG STATUS is empty: is log_bin on?")
+        return str(row[0]), int(row[1])
+
+    def mysql(self) -> bool:
+        if self._version is None:
+            self._version = binlog_stream.server_version(self._conn)
+        return binlog_stream.is_mysql(self._version)
 
     def server_id(self) -> int:
         return int(self._rows("SELECT @@server_id")[0][0])
@@ -170,8 +184,37 @@ class SqlBinlogInspector:
         return int(self._rows("SELECT UNIX_TIMESTAMP()")[0][0])
 
     def gtid_at(self, journal: str, offset: int) -> str:
+        if self.mysql():
+            return mysql_gtid_at(self._conn, self._slave_id, journal, offset)
         value = self._rows("SELECT BINLOG_GTID_POS(%s, %s)", (journal, offset))[0][0]
         return "" if value is None else str(value)
+
+
+def mysql_gtid_at(conn: Mapping[str, Any], slave_id: int, journal: str, offset: int) -> str:
+    """A MySQL server's GTID state at a binlog position: the file's PREVIOUS_GTIDS plus
+    the GTIDs of the transactions that start before ``offset`` ("" without GTIDs)."""
+    stream = binlog_stream.open_stream(
+        conn, slave_id, journal=journal, offset=BINLOG_START_OFFSET, blocking=False,
+        only_events=(RotateEvent, PreviousGtidsEvent, GtidEvent), check_config=False,
+    )  # fmt: skip
+    state: GtidSet | None = None
+    try:
+        while (ev := _next(stream, journal, BINLOG_START_OFFSET)) is not None:
+            span = binlog_stream.event_span(ev)
+            if isinstance(ev, RotateEvent) and ev.next_binlog != journal:
+                break
+            if span.artificial or isinstance(ev, RotateEvent):
+                continue
+            if span.start >= offset and not isinstance(ev, PreviousGtidsEvent):
+                break  # the file's PREVIOUS_GTIDS is the state before all of it
+            if isinstance(ev, PreviousGtidsEvent):
+                state = (state or GtidSet()) | ev.gtids
+            elif isinstance(ev, GtidEvent):
+                uuid, _, number = str(ev.gtid).rpartition(":")
+                state = (state or GtidSet()).add(uuid, int(number))
+    finally:
+        stream.close()
+    return "" if state is None else str(state)
 
 
 def classify(ev: Any) -> EventKind:
@@ -194,6 +237,7 @@ def classify(ev: Any) -> EventKind:
 
 _SEARCH_EVENTS = (
     FormatDescriptionEvent, GtidEvent, MariadbGtidEvent, QueryEvent, RotateEvent, XidEvent,
+    AnonymousGtidEvent,
 )  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""The one place that opens a mysql-replication 1.0.17 binlog stream for MariaDB.
+"""The one place that opens a mysql-replication 1.0.17 binlog stream (MariaDB or MySQL).
 
 Use ``open_stream`` to start reading, ``next_event`` to read (it translates the
 library's errors into ours), ``event_span`` for an event's offsets and server id, and
@@ -21,6 +21,18 @@ Fixes of the library's behaviour, applied to the streams opened here only:
   error, so the library's ``except`` does not swallow it): the caller resumes from
   its own last committed position. No global of the library is changed.
 
+MySQL (the flavour is chosen at connect from ``SELECT VERSION()``: MariaDB's says
+"-MariaDB"): ``_MysqlStreamReader`` uses the library's connection and dump commands
+(``COM_BINLOG_DUMP`` at a file and offset, ``COM_BINLOG_DUMP_GTID`` through its
+``auto_position`` at a GTID set) but decodes every event with ``EventDecoder``, the
+decoder of the local binlog reader: MySQL 8's compressed transactions, anonymous GTID
+and PREVIOUS_GTIDS events, which the library does not parse, and the refusal of
+PARTIAL_JSON updates are then the same on both paths. ``check_server_config`` checks
+what the flavour needs (``binlog_row_metadata=FULL`` on MySQL 8.0+, ``gtid_mode=ON``
+for a GTID destination, no ``PARTIAL_JSON``; MySQL 5.7 is refused: its row events
+carry no column names). ``binary_log_status`` asks ``SHOW BINARY LOG STATUS`` (MySQL
+8.2+; 8.4 removed ``SHOW MASTER STATUS``) and falls back to the older statement.
+
 TLS: a DSN's ``tls`` entry (``{"ca", "cert", "key", "verify_identity"}``, from the
 config's ``db.tls.*``) becomes one ``ssl.SSLContext`` per distinct setting, given to
 every connection made here (binlog dump, its control connection and every query):
@@ -35,12 +47,15 @@ import ipaddress
 import socket
 import ssl
 import struct
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.event import RotateEvent
+from pymysqlreplication.row_event import RowsEvent
 
 from canal_protocol.errors import (
     BinlogConfigError,
@@ -49,19 +64,24 @@ from canal_protocol.errors import (
     PurgedPosition,
 )
 from canal_server.parse import grants
+from canal_server.parse.event_decoder import EventDecoder
+from canal_server.parse.schema import SchemaTracker
 
 __all__ = [
     "CONNECTION_LOST_CODES",
     "REQUIRED_VARIABLES",
     "EventSpan",
     "access_error",
+    "binary_log_status",
     "check_binlog_config",
     "check_server_config",
     "connect",
     "event_span",
     "interrupt",
+    "is_mysql",
     "next_event",
     "open_stream",
+    "server_version",
     "tls_context",
 ]
 
@@ -152,17 +172,66 @@ def connect(conn: Mapping[str, Any], **extra: Any) -> pymysql.connections.Connec
     return pymysql.connect(**_connection_kwargs(conn), autocommit=True, **extra)
 
 
+# -- the flavour ---------------------------------------------------------------------
+
+
+def is_mysql(version: str) -> bool:
+    """True for a MySQL server's ``VERSION()`` (MariaDB's says "MariaDB")."""
+    return bool(version) and "mariadb" not in version.lower()
+
+
+def _version_numbers(version: str) -> tuple[int, ...]:
+    head = version.split("-")[0]
+    return tuple(int(p) for p in head.split(".") if p.isdigit())
+
+
+def server_version(conn: Mapping[str, Any]) -> str:
+    """``SELECT VERSION()`` of the server at ``conn``."""
+    with connect(conn) as c, c.cursor() as cur:
+        cur.execute("SELECT VERSION()")
+        row = cur.fetchone()
+    return str(row[0]) if row else ""
+
+
+binary_log_status = grants.binary_log_status
+
+
 # -- server configuration ------------------------------------------------------------
 
+_MYSQL_EXTRA = ("gtid_mode", "binlog_row_value_options")
 
-def check_binlog_config(variables: Mapping[str, str]) -> None:
-    """Raise BinlogConfigError naming every required variable that is wrong or missing."""
+
+def check_binlog_config(
+    variables: Mapping[str, str], version: str = "", gtid_mode: bool = False
+) -> None:
+    """Raise BinlogConfigError naming every required variable that is wrong or missing.
+
+    ``version`` (``SELECT VERSION()``) picks the flavour: MySQL 8.0+ needs
+    ``binlog_row_metadata=FULL``, ``gtid_mode=ON`` when ``gtid_mode`` (GTID positions)
+    is configured, and no ``binlog_row_value_options=PARTIAL_JSON``; MySQL before 8.0
+    is refused (no column names in its row events)."""
     lowered = {k.lower(): str(v) for k, v in variables.items()}
+    mysql = is_mysql(version)
+    if mysql and _version_numbers(version) < (8, 0):
+        raise BinlogConfigError(
+            f"MySQL {version} has no binlog_row_metadata: its row events carry no column "
+            "names and no signedness, which canal would have to guess; use MySQL 8.0.14+ "
+            "with binlog_row_metadata=FULL, or read its binlog files with a local "
+            "destination (local.dir + local.schema_file)"
+        )
+    wanted = dict(REQUIRED_VARIABLES)
+    if mysql and gtid_mode:
+        wanted["gtid_mode"] = "ON"
     wrong = []
-    for name, want in REQUIRED_VARIABLES.items():
+    for name, want in wanted.items():
         got = lowered.get(name)
         if got is None or got.upper() != want:
             wrong.append(f"{name}={got if got is not None else '<missing>'} (need {want})")
+    if mysql and "PARTIAL_JSON" in lowered.get("binlog_row_value_options", "").upper():
+        wrong.append(
+            "binlog_row_value_options=PARTIAL_JSON (need ''; its updates hold JSON diffs, "
+            "not the row)"
+        )
     if wrong:
         raise BinlogConfigError("binlog settings canal needs are wrong: " + ", ".join(wrong))
 
@@ -184,14 +253,19 @@ def access_error(exc: pymysql.err.MySQLError, conn: Mapping[str, Any]) -> Binlog
     return None
 
 
-def check_server_config(conn: Mapping[str, Any]) -> None:
-    """Read the server's binlog variables and the user's grants, and check them
-    (BinlogConfigError naming each wrong variable, a refused login, a missing grant)."""
-    names = ", ".join(f"'{n}'" for n in REQUIRED_VARIABLES)
+def check_server_config(conn: Mapping[str, Any], gtid_mode: bool = False) -> str:
+    """Read the server's version, binlog variables and the user's grants, and check them
+    (BinlogConfigError naming each wrong variable, a refused login, a missing grant).
+    ``gtid_mode``: the destination reads by GTID (MySQL then needs ``gtid_mode=ON``).
+    Returns the server's ``VERSION()``."""
+    names = ", ".join(f"'{n}'" for n in (*REQUIRED_VARIABLES, *_MYSQL_EXTRA))
     try:
         with connect(conn) as c, c.cursor() as cur:
+            cur.execute("SELECT VERSION()")
+            version = str(cur.fetchone()[0])
             cur.execute(f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({names})")
-            check_binlog_config({str(r[0]): str(r[1]) for r in cur.fetchall()})
+            variables = {str(r[0]): str(r[1]) for r in cur.fetchall()}
+            check_binlog_config(variables, version, gtid_mode)
             missing = grants.missing_grants(cur)
             if missing:
                 raise grants.grants_error(cur, missing, f"{conn.get('host')}:{conn.get('port')}")
@@ -200,6 +274,7 @@ def check_server_config(conn: Mapping[str, Any]) -> None:
         if denied is None:
             raise
         raise denied from exc
+    return version
 
 
 # -- the stream ----------------------------------------------------------------------
@@ -230,18 +305,25 @@ def open_stream(
     only_events: Iterable[type] | None = None,
     heartbeat_s: float | None = None,
     check_config: bool = True,
+    gtid_mode: bool = False,
 ) -> BinLogStreamReader:
-    """Open a binlog stream at ``journal``/``offset`` or at the GTID state ``gtid``.
+    """Open a binlog stream at ``journal``/``offset`` or at the GTID state ``gtid``
+    (MariaDB's ``domain-server-seq`` list, or a MySQL GTID set).
 
     ``server_id`` is our replication slave id (must differ from every server's and
     other readers'). The stream connects lazily at the first ``next_event``. With
     ``heartbeat_s`` the master sends heartbeats while idle and the socket read times
-    out after three missed ones (BinlogConnectionLost).
+    out after three missed ones (BinlogConnectionLost). ``gtid_mode``: the destination
+    reads by GTID (checked at start on MySQL). The flavour is the server's (its
+    ``VERSION()``, asked here).
     """
     if (journal is None) == (gtid is None):
         raise ValueError("give exactly one of journal (+ offset) or gtid")
     if check_config:
-        check_server_config(conn)
+        version = check_server_config(conn, gtid_mode=gtid_mode or gtid is not None)
+    else:
+        version = _guarded(conn, lambda: server_version(conn))
+    mysql = is_mysql(version)
     settings = _connection_kwargs(conn)
     if heartbeat_s:
         settings["read_timeout"] = max(3 * heartbeat_s, 1.0)
@@ -255,11 +337,67 @@ def open_stream(
         "enable_logging": False,
         "use_column_name_cache": False,
     }
+    if mysql and gtid is not None:
+        return _MysqlStreamReader(is_mariadb=False, auto_position=gtid, **common)
+    if mysql:
+        return _MysqlStreamReader(
+            is_mariadb=False, resume_stream=True, log_file=journal, log_pos=offset or 4, **common
+        )
     if gtid is not None:
         return _MariadbStreamReader(is_mariadb=True, auto_position=gtid, **common)
     return _MariadbStreamReader(
         is_mariadb=False, resume_stream=True, log_file=journal, log_pos=offset or 4, **common
     )
+
+
+def _guarded(conn: Mapping[str, Any], query: Any) -> Any:
+    """A query made before the dump, its errors translated like ``next_event``'s."""
+    try:
+        return query()
+    except pymysql.err.MySQLError as exc:
+        code = exc.args[0] if exc.args else None
+        if code in CONNECTION_LOST_CODES:
+            raise BinlogConnectionLost(f"binlog connection lost: {exc}") from exc
+        denied = access_error(exc, conn)
+        if denied is not None:
+            raise denied from exc
+        raise
+
+
+class _MysqlStreamReader(BinLogStreamReader):  # type: ignore[misc]
+    """The library's MySQL dump (connection, checksum and heartbeat settings, the dump
+    command), its events decoded by ``EventDecoder`` (see the module doc)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        wanted = kwargs.get("only_events")
+        super().__init__(*args, **kwargs)
+        self._wanted = tuple(wanted) if wanted is not None else None
+        # a table map without column names (binlog_row_metadata=MINIMAL when it was
+        # written) is refused, never delivered with guessed names
+        rows = wanted is None or any(issubclass(w, RowsEvent) for w in wanted)
+        self._decoder = EventDecoder("mysql", on_table=SchemaTracker().fill if rows else None)
+        self._pending: deque[Any] = deque()
+        self._journal = str(kwargs.get("log_file") or "")  # names the file in errors
+
+    def fetchone(self) -> Any:
+        while True:
+            if self._pending:
+                return self._pending.popleft()
+            if not self._BinLogStreamReader__connected_stream:
+                self._BinLogStreamReader__connect_to_stream()
+                self._decoder.checksum = bool(self._BinLogStreamReader__use_checksum)
+            packet = self._stream_connection._read_packet()
+            if packet.is_eof_packet():
+                self.close()
+                return None
+            if not packet.is_ok_packet():
+                continue
+            raw = packet.get_all_data()[1:]
+            for ev in self._decoder.decode(raw, self._journal):
+                if isinstance(ev, RotateEvent):
+                    self._journal = str(ev.next_binlog)
+                if self._wanted is None or isinstance(ev, self._wanted):
+                    self._pending.append(ev)
 
 
 def next_event(stream: BinLogStreamReader) -> Any:

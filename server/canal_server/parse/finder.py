@@ -139,7 +139,7 @@ class DatabaseLink:
         """A link from a DSN dict (host, port, user, password) and our slave id."""
         return cls(
             f"{conn['host']}:{conn['port']}",
-            SqlBinlogInspector(conn),
+            SqlBinlogInspector(conn, slave_id),
             StreamEventSource(conn, slave_id),
             locate_gtid=partial(locate_gtid_state, conn, slave_id),
         )

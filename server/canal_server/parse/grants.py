@@ -31,14 +31,17 @@ from canal_protocol.errors import BinlogConfigError
 
 __all__ = [
     "ER_ACCESS_DENIED",
+    "ER_PARSE_ERROR",
     "ER_SPECIFIC_ACCESS_DENIED",
     "REQUIRED_GRANTS",
+    "binary_log_status",
     "grants_error",
     "missing_grants",
 ]
 
 ER_ACCESS_DENIED = 1045  # wrong user/password (MariaDB also: insecure transport refused)
 ER_SPECIFIC_ACCESS_DENIED = 1227  # "you need (at least one of) the X privilege(s)"
+ER_PARSE_ERROR = 1064  # MySQL 8.4: SHOW MASTER STATUS is gone
 
 REQUIRED_GRANTS: Mapping[str, str] = {
     "REPLICATION SLAVE": "the binlog dump",
@@ -47,6 +50,19 @@ REQUIRED_GRANTS: Mapping[str, str] = {
 _REPLICATION = {"REPLICATION SLAVE", "REPLICATION REPLICA", "ALL PRIVILEGES", "ALL"}
 _GLOBAL = re.compile(r"^GRANT (?P<privs>.+?) ON \*\.\* TO ", re.IGNORECASE)
 _ROLE = re.compile(r"^GRANT [`'\"][^`'\"]+[`'\"] TO ", re.IGNORECASE)
+
+
+def binary_log_status(cur: Any) -> tuple[Any, ...] | None:
+    """The row of ``SHOW BINARY LOG STATUS`` (MySQL 8.2+), else of ``SHOW MASTER STATUS``
+    (MariaDB, MySQL before 8.4): File, Position, ... and on MySQL Executed_Gtid_Set."""
+    try:
+        cur.execute("SHOW BINARY LOG STATUS")
+    except pymysql.err.ProgrammingError as exc:
+        if not exc.args or exc.args[0] != ER_PARSE_ERROR:
+            raise
+        cur.execute("SHOW MASTER STATUS")
+    row = cur.fetchone()
+    return tuple(row) if row else None
 
 
 def _user_of(cur: Any) -> str:
@@ -73,8 +89,7 @@ def missing_grants(cur: Any) -> list[str]:
     if not privileges & _REPLICATION and not roles:
         missing.append("REPLICATION SLAVE")
     try:
-        cur.execute("SHOW MASTER STATUS")
-        cur.fetchall()
+        binary_log_status(cur)
     except pymysql.err.OperationalError as exc:
         if not exc.args or exc.args[0] != ER_SPECIFIC_ACCESS_DENIED:
             raise

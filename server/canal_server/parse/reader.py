@@ -37,6 +37,7 @@ from typing import Any
 
 import pymysql
 from pymysqlreplication.event import (
+    GtidEvent,
     HeartbeatLogEvent,
     MariadbGtidEvent,
     QueryEvent,
@@ -55,8 +56,9 @@ from canal_protocol.errors import (
 from canal_protocol.positions import EntryPosition, LogIdentity
 from canal_server.parse import binlog_stream
 from canal_server.parse.binlog_search import SqlBinlogInspector
+from canal_server.parse.event_decoder import AnonymousGtidEvent
 from canal_server.parse.finder import DatabaseLink
-from canal_server.parse.transaction import Sink, TransactionAssembler, gtid_state_at
+from canal_server.parse.transaction import Sink, TransactionAssembler
 
 __all__ = ["BinlogReader", "DetectingConfig", "ReaderConfig", "RunResult"]
 
@@ -65,6 +67,8 @@ log = logging.getLogger(__name__)
 EVENTS = (
     RotateEvent,
     MariadbGtidEvent,
+    GtidEvent,
+    AnonymousGtidEvent,
     XidEvent,
     QueryEvent,
     WriteRowsEvent,
@@ -276,18 +280,19 @@ class BinlogReader:
             kw = {"gtid": start.gtid}
         return binlog_stream.open_stream(
             self._source, self.config.slave_id, blocking=True, only_events=EVENTS,
-            heartbeat_s=self.config.heartbeat_s, **kw,
+            heartbeat_s=self.config.heartbeat_s, gtid_mode=self.config.gtid_mode, **kw,
         )  # fmt: skip
 
     def _dump(self, start: EntryPosition) -> None:
         """One dump connection: read until stopped or switched, or raise its error."""
+        stream = self._open(start)  # the server's settings are checked first
         # a found or committed position carries the GTID state there (the finder asks
-        # BINLOG_GTID_POS when it has none): asking again costs a scan of the binlog
-        # file up to the offset, on every new leader's start
-        state = start.gtid or gtid_state_at(self._source, start.journal, start.offset)
+        # BINLOG_GTID_POS, or reads a MySQL binlog, when it has none): asking again
+        # costs a scan of the binlog file up to the offset, on every new leader's start
+        inspector = SqlBinlogInspector(self._source, self.config.slave_id)
+        state = start.gtid or inspector.gtid_at(start.journal, start.offset)
         size = self.config.transaction_size
         asm = TransactionAssembler(self._sink, start, state, size, self._skip)
-        stream = self._open(start)
         with self._lock:
             self._stream = stream
         if self._stop.is_set() or self._switch.is_set():
