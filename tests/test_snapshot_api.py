@@ -73,7 +73,9 @@ def test_rest_bad_input_redirect_and_read_entries_through_the_client(
         conn = ClusterConnector(DEST, "c", servers=[n.url for n in nodes])
         with conn:
             consumer = Applier.over(conn, {f"{DB}.t": ("id",)})
-            writers = Writers(primary, f"{DB}.t", KEYS + 100).start()
+            # paced: unpaced writers on a loaded machine outran the 20-entry store's
+            # consumer by tens of thousands of changes before the wait below
+            writers = Writers(primary, f"{DB}.t", KEYS + 100, rate=200).start()
             created = h.post(_path(), json={"tables": [f"{DB}\\.t"]})
             assert created.status_code == 201, created.text
             run = created.json()
