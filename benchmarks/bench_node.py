@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 import statistics
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import psutil
 
 from benchmarks.bench_cluster import (
     DEST,
@@ -210,6 +213,12 @@ def _rate_stats(arrivals: _Arrivals, ids: range, tps: float, achieved: float) ->
     }  # fmt: skip
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used so far."""
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
 def _create_small_table(ctx: Context, table: str) -> None:
     ctx.sandbox.primary.execute(
         f"CREATE TABLE IF NOT EXISTS {SCHEMA}.{table} "
@@ -232,7 +241,7 @@ def latency(ctx: Context) -> dict[str, Any]:
             consumer = threading.Thread(target=_consume, args=(conn, "lat", arrivals))
             consumer.start()
             try:
-                rates = _latency_rates(ctx, arrivals, seconds)
+                rates = _latency_rates(ctx, arrivals, seconds, nodes[0].pid)
             finally:
                 arrivals.stop.set()
                 consumer.join(30)
@@ -244,18 +253,27 @@ def latency(ctx: Context) -> dict[str, Any]:
         "writer": "one-row autocommit INSERTs, row stamped with the time before its commit",
         "consumer": f"SimpleConnector msgpack, get_without_ack({BATCH_SIZE}, 0.5 s) + ack; "
         "its process freezes its startup objects out of the GC (gc.freeze)",
+        "node_cpu": "node process CPU (user + system) from the first write of a rate to its "
+        "last row at the client, per transaction written",
     }
 
 
-def _latency_rates(ctx: Context, arrivals: _Arrivals, seconds: float) -> list[dict[str, Any]]:
+def _latency_rates(
+    ctx: Context, arrivals: _Arrivals, seconds: float, node_pid: int
+) -> list[dict[str, Any]]:
+    """Each rate's latency, with the node's CPU time per transaction (reader, store, REST:
+    what the machine's load does not change, unlike the latency) and the load average."""
     next_id = 1
     warm, _ = _write_paced(ctx, "lat", next_id, 100, 0.5)  # warm-up, not counted
     _rate_stats(arrivals, range(next_id, next_id + warm), 100, 100)
     next_id += warm
     rates = []
     for tps in LATENCY_RATES:
+        cpu0 = _cpu_s(node_pid)
         n, achieved = _write_paced(ctx, "lat", next_id, tps, seconds)
         stats = _rate_stats(arrivals, range(next_id, next_id + n), tps, achieved)
+        stats["node_cpu_us_per_tx"] = round((_cpu_s(node_pid) - cpu0) / n * 1e6, 1)
+        stats["loadavg_1m"] = round(os.getloadavg()[0], 2)
         if tps in LATENCY_GOAL_TPS:
             stats["goal_p99_ms"] = LATENCY_GOAL_P99_MS
         rates.append(stats)
