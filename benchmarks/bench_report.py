@@ -99,7 +99,12 @@ def _throughput_table(result: dict[str, Any]) -> list[str]:
 def _cpu_note(rate: dict[str, Any]) -> str:
     if "node_cpu_us_per_tx" not in rate:
         return ""
-    return f"; node CPU {rate['node_cpu_us_per_tx']:.0f} us/tx, load {rate['loadavg_1m']:.1f}"
+    return (
+        f"; INSERT p50/p99 {rate['insert_p50_ms']:.1f}/{rate['insert_p99_ms']:.1f} ms, "
+        f"commit -> client p50/p99 {rate['after_commit_p50_ms']:.1f}/"
+        f"{rate['after_commit_p99_ms']:.1f} ms; node CPU {rate['node_cpu_us_per_tx']:.0f} us/tx, "
+        f"load {rate['loadavg_1m']:.1f}"
+    )
 
 
 def _latency_lines(rec: dict[str, Any]) -> list[str]:
