@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 import statistics
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import psutil
 
 from benchmarks.bench_cluster import (
     DEST,
@@ -148,6 +151,7 @@ class _Arrivals:
     """Latency samples by row id, filled by the consumer thread."""
 
     latency_us: dict[int, int] = field(default_factory=dict)
+    insert_us: dict[int, int] = field(default_factory=dict)  # the INSERT's round trip
     stop: threading.Event = field(default_factory=threading.Event)
     error: list[BaseException] = field(default_factory=list)
     epochs: list[tuple[float, int]] = field(default_factory=list)
@@ -177,9 +181,10 @@ def _consume(conn: Any, table: str, arrivals: _Arrivals) -> None:
 
 
 def _write_paced(
-    ctx: Context, table: str, first_id: int, tps: float, seconds: float
+    ctx: Context, table: str, first_id: int, tps: float, seconds: float, arrivals: _Arrivals
 ) -> tuple[int, float]:
-    """Autocommit one-row inserts at ``tps`` for ``seconds``; (rows written, achieved tps)."""
+    """Autocommit one-row inserts at ``tps`` for ``seconds``; (rows written, achieved tps).
+    Records each INSERT's round trip (stamp -> the database acknowledged the commit)."""
     n = max(1, int(tps * seconds))
     with ctx.sandbox.primary.admin() as conn, conn.cursor() as cur:
         t0 = time.perf_counter()
@@ -187,10 +192,11 @@ def _write_paced(
             delay = t0 + i / tps - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
+            sent_us = time.time_ns() // 1000
             cur.execute(
-                f"INSERT INTO {SCHEMA}.{table} VALUES (%s, %s, 'x')",
-                (first_id + i, time.time_ns() // 1000),
+                f"INSERT INTO {SCHEMA}.{table} VALUES (%s, %s, 'x')", (first_id + i, sent_us)
             )
+            arrivals.insert_us[first_id + i] = time.time_ns() // 1000 - sent_us
         elapsed = time.perf_counter() - t0
     return n, n / elapsed
 
@@ -203,11 +209,22 @@ def _rate_stats(arrivals: _Arrivals, ids: range, tps: float, achieved: float) ->
     if arrivals.error:
         raise arrivals.error[0]
     ms = [arrivals.latency_us[i] / 1000 for i in ids]
+    insert_ms = [arrivals.insert_us[i] / 1000 for i in ids]
+    after_ms = [(arrivals.latency_us[i] - arrivals.insert_us[i]) / 1000 for i in ids]
     return {
         "target_tps": tps, "achieved_tps": round(achieved, 1), "samples": len(ms),
         "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "max_ms": max(ms),
         "mean_ms": round(statistics.fmean(ms), 3),
+        "insert_p50_ms": percentile(insert_ms, 50), "insert_p99_ms": percentile(insert_ms, 99),
+        "after_commit_p50_ms": percentile(after_ms, 50),
+        "after_commit_p99_ms": percentile(after_ms, 99),
     }  # fmt: skip
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used so far."""
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
 
 
 def _create_small_table(ctx: Context, table: str) -> None:
@@ -232,7 +249,7 @@ def latency(ctx: Context) -> dict[str, Any]:
             consumer = threading.Thread(target=_consume, args=(conn, "lat", arrivals))
             consumer.start()
             try:
-                rates = _latency_rates(ctx, arrivals, seconds)
+                rates = _latency_rates(ctx, arrivals, seconds, nodes[0].pid)
             finally:
                 arrivals.stop.set()
                 consumer.join(30)
@@ -241,21 +258,31 @@ def latency(ctx: Context) -> dict[str, Any]:
     return {
         "rates": rates,
         "seconds_per_rate": seconds,
-        "writer": "one-row autocommit INSERTs, row stamped with the time before its commit",
+        "writer": "one-row autocommit INSERTs, row stamped with the time before its commit; "
+        "insert_*: stamp -> commit acknowledged, after_commit_*: acknowledged -> client",
         "consumer": f"SimpleConnector msgpack, get_without_ack({BATCH_SIZE}, 0.5 s) + ack; "
         "its process freezes its startup objects out of the GC (gc.freeze)",
+        "node_cpu": "node process CPU (user + system) from the first write of a rate to its "
+        "last row at the client, per transaction written",
     }
 
 
-def _latency_rates(ctx: Context, arrivals: _Arrivals, seconds: float) -> list[dict[str, Any]]:
+def _latency_rates(
+    ctx: Context, arrivals: _Arrivals, seconds: float, node_pid: int
+) -> list[dict[str, Any]]:
+    """Each rate's latency, with the node's CPU time per transaction (reader, store, REST:
+    what the machine's load does not change, unlike the latency) and the load average."""
     next_id = 1
-    warm, _ = _write_paced(ctx, "lat", next_id, 100, 0.5)  # warm-up, not counted
+    warm, _ = _write_paced(ctx, "lat", next_id, 100, 0.5, arrivals)  # warm-up, not counted
     _rate_stats(arrivals, range(next_id, next_id + warm), 100, 100)
     next_id += warm
     rates = []
     for tps in LATENCY_RATES:
-        n, achieved = _write_paced(ctx, "lat", next_id, tps, seconds)
+        cpu0 = _cpu_s(node_pid)
+        n, achieved = _write_paced(ctx, "lat", next_id, tps, seconds, arrivals)
         stats = _rate_stats(arrivals, range(next_id, next_id + n), tps, achieved)
+        stats["node_cpu_us_per_tx"] = round((_cpu_s(node_pid) - cpu0) / n * 1e6, 1)
+        stats["loadavg_1m"] = round(os.getloadavg()[0], 2)
         if tps in LATENCY_GOAL_TPS:
             stats["goal_p99_ms"] = LATENCY_GOAL_P99_MS
         rates.append(stats)

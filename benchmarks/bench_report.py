@@ -96,6 +96,17 @@ def _throughput_table(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _cpu_note(rate: dict[str, Any]) -> str:
+    if "node_cpu_us_per_tx" not in rate:
+        return ""
+    return (
+        f"; INSERT p50/p99 {rate['insert_p50_ms']:.1f}/{rate['insert_p99_ms']:.1f} ms, "
+        f"commit -> client p50/p99 {rate['after_commit_p50_ms']:.1f}/"
+        f"{rate['after_commit_p99_ms']:.1f} ms; node CPU {rate['node_cpu_us_per_tx']:.0f} us/tx, "
+        f"load {rate['loadavg_1m']:.1f}"
+    )
+
+
 def _latency_lines(rec: dict[str, Any]) -> list[str]:
     lines = []
     for rate in rec.get("rates", []):
@@ -106,7 +117,7 @@ def _latency_lines(rec: dict[str, Any]) -> list[str]:
         lines.append(
             f"  {rate['target_tps']:>5.0f} tx/s (achieved {rate['achieved_tps']:.0f}): "
             f"p50 {rate['p50_ms']:.1f} ms, p99 {rate['p99_ms']:.1f} ms, max "
-            f"{rate['max_ms']:.1f} ms over {rate['samples']} rows{verdict}"
+            f"{rate['max_ms']:.1f} ms over {rate['samples']} rows{verdict}{_cpu_note(rate)}"
         )
     return lines
 

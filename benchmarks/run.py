@@ -23,7 +23,9 @@ The JSON document::
     parts     {name: {status: ok | error | unavailable | not yet, title, wall_s,
               reason/error when not ok, and the part's numbers: readers and end to
               end rows, seconds, rows_per_s (median), runs; latency rates[] with
-              target_tps, achieved_tps, p50_ms, p99_ms, max_ms, samples, goal_p99_ms;
+              target_tps, achieved_tps, p50_ms, p99_ms, max_ms, samples, goal_p99_ms,
+              insert_p50_ms, insert_p99_ms, after_commit_p50_ms, after_commit_p99_ms,
+              node_cpu_us_per_tx, loadavg_1m;
               failover kinds {sigkill, sigstop: trials_s, median_s, max_s, phase
               medians, goal_median_s, goal_max_s, meets_goal}, election; node_rss
               rss_before_bytes, rss_after_bytes, bytes_per_row, store_bytes_per_row; snapshot

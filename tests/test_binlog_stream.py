@@ -6,10 +6,12 @@ import gc
 import struct
 import threading
 import warnings
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.row_event import WriteRowsEvent
 
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
@@ -278,3 +280,70 @@ def test_no_tls_attempt_on_loopback_hosts(db: Sandbox) -> None:
     assert "ssl_disabled" not in binlog_stream._connection_kwargs({"host": "db.example"})
     with binlog_stream.connect(db.primary.dsn()) as conn:
         assert conn.ssl is False
+
+
+# -- table maps parsed once -----------------------------------------------------------------
+
+
+def test_a_repeated_table_map_is_parsed_once_and_again_after_alter_table(db: Sandbox) -> None:
+    name = "t_stream_table_maps"
+    db.primary.execute(
+        f"CREATE DATABASE IF NOT EXISTS {name}", f"DROP TABLE IF EXISTS {name}.t",
+        f"CREATE TABLE {name}.t (id INT PRIMARY KEY, v VARCHAR(20))",
+    )  # fmt: skip
+    journal, offset = db.primary.master_status()
+    db.primary.execute(*(f"INSERT INTO {name}.t VALUES ({i}, 'v{i}')" for i in range(3)))
+    db.primary.execute(
+        f"ALTER TABLE {name}.t ADD COLUMN w INT, MODIFY v VARCHAR(40) CHARACTER SET latin1",
+        f"INSERT INTO {name}.t VALUES (3, 'x', 30)",
+        f"INSERT INTO {name}.t VALUES (4, 'y', 40)",
+    )
+    stream = open_stream(
+        db.primary.dsn(), 5108, journal=journal, offset=offset, blocking=False,
+        only_events=[WriteRowsEvent],
+    )  # fmt: skip
+    events = [ev for ev in _drain(stream) if ev.schema == name]
+    assert len(events) == 5
+    # three transactions, three table maps of the same bytes: parsed once, the rows share
+    # the first one's column objects (what RowsDecoder caches its codec by)
+    first = events[0].columns
+    assert events[1].columns is first and events[2].columns is first
+    assert stream.table_maps.hits >= 3 and stream.table_maps.misses >= 2
+    # ALTER TABLE: a table map of other bytes (a new table id), parsed afresh
+    assert events[3].columns is not first and events[4].columns is events[3].columns
+    assert [c.name for c in events[3].columns] == ["id", "v", "w"]
+    assert [ev.rows[0]["values"] for ev in events] == [
+        {"id": 0, "v": "v0"}, {"id": 1, "v": "v1"}, {"id": 2, "v": "v2"},
+        {"id": 3, "v": "x", "w": 30}, {"id": 4, "v": "y", "w": 40},
+    ]  # fmt: skip
+
+
+def _table_map_packet(table_id: int, body: bytes, crc: bytes) -> bytes:
+    header = struct.pack("<IBIIIH", 1, 0x13, 1, 19 + 6 + len(body) + 4, 999, 0)
+    return b"\x00" + header + table_id.to_bytes(6, "little") + body + crc
+
+
+def test_table_map_cache_forgets_on_other_bytes_under_the_same_id() -> None:
+    stream = SimpleNamespace(table_map={}, _BinLogStreamReader__use_checksum=True)
+    maps = binlog_stream._TableMaps(stream)
+    maps.see(_table_map_packet(7, b"\x00\x00db.t-int", b"AAAA"))
+    maps.see(_table_map_packet(8, b"\x00\x00db.u-int", b"AAAA"))
+    stream.table_map.update({7: "parsed t", 8: "parsed u"})  # as the library does
+    maps.see(_table_map_packet(7, b"\x00\x00db.t-int", b"BBBB"))  # same body, other crc
+    maps.see(_table_map_packet(8, b"\x00\x00db.u-int", b"CCCC"))
+    assert stream.table_map == {7: "parsed t", 8: "parsed u"} and maps.hits == 2
+    maps.see(_table_map_packet(7, b"\x00\x00db.t-varchar", b"DDDD"))  # same id, new metadata
+    assert stream.table_map == {8: "parsed u"} and maps.misses == 3
+    stream.table_map[7] = "parsed t-varchar"
+    maps.see(_table_map_packet(7, b"\x00\x00db.t-int", b"EEEE"))  # the old bytes again
+    assert stream.table_map == {8: "parsed u"} and maps.misses == 4
+    rows = b"\x00" + struct.pack("<IBIIIH", 1, 0x1E, 1, 40, 999, 0) + (8).to_bytes(6, "little")
+    maps.see(rows + bytes(15))  # not a table map: nothing dropped
+    assert stream.table_map == {8: "parsed u"}
+    unknown = SimpleNamespace(table_map={7: "kept", 8: "kept"})  # checksum use not known
+    unsure = binlog_stream._TableMaps(unknown)
+    for _ in range(2):
+        unknown.table_map[7] = "parsed"
+        unsure.see(_table_map_packet(7, b"\x00\x00db.t-int", b"AAAA"))
+        assert unknown.table_map == {8: "kept"}  # never trusted: parsed every time
+    assert unsure.hits == 0 and unsure.misses == 2

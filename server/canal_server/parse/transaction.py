@@ -153,6 +153,7 @@ class TransactionAssembler:
         self._state = parse_gtid_state("" if is_mysql_gtid_set(gtid_state) else gtid_state)
         self._gtid_set = GtidSet.parse(gtid_state) if is_mysql_gtid_set(gtid_state) else None
         self._before = gtid_state  # the state before the open (or next) transaction
+        self._text: str | None = None  # _state_text() until the state changes
         self._tx_key = ""  # identifies the open transaction across a reconnect (for skip)
         self._buffer: list[Entry] = []
         self._gtid = ""
@@ -223,6 +224,7 @@ class TransactionAssembler:
         self._gtid = str(ev.gtid)
         self._before = self._state_text()
         self._state[int(ev.domain_id)] = self._gtid
+        self._text = None
         self._open(span, standalone=bool(ev.flags & _GTID_STANDALONE))
 
     def _open(self, span: Any, standalone: bool) -> None:
@@ -247,6 +249,7 @@ class TransactionAssembler:
             self._gtid = str(ev.gtid)
             uuid, _, number = self._gtid.rpartition(":")
             self._gtid_set = (self._gtid_set or GtidSet()).add(uuid, int(number))
+            self._text = None
 
     def _end(self, span: Any) -> None:
         if not self._in_tx:
@@ -293,9 +296,11 @@ class TransactionAssembler:
         self._emit(entry)
 
     def _state_text(self) -> str:
-        if self._gtid_set is not None:
-            return str(self._gtid_set)
-        return format_gtid_state(self._state)
+        """The GTID state as text (made once per change: three times per transaction)."""
+        if self._text is None:
+            state = self._gtid_set
+            self._text = str(state) if state is not None else format_gtid_state(self._state)
+        return self._text
 
     def _entry(self, kind: EntryType, header: Header, **kw: Any) -> Entry:
         inside = self._in_tx and not self._standalone and kind is not EntryType.TRANSACTIONEND
