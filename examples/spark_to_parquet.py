@@ -7,7 +7,9 @@
 ``--trigger available-now`` reads what the destination has now, writes it and exits;
 ``--trigger 5s`` (a processing-time interval) runs until Ctrl-C. Restarting with the same
 ``--checkpoint`` continues where the last run stopped: no row is lost or written twice.
-``--option key=value`` passes more source options (batchSize, filter, token, ...).
+``--option key=value`` passes more source options (batchSize, filter, token, table, ...).
+``--master spark://host:port`` (or ``spark-submit --master``) runs it on a cluster;
+``--remote sc://host:port`` through a Spark Connect server.
 At the end it prints what it wrote (rows per schema, table and event type).
 """
 
@@ -36,10 +38,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trigger", default="available-now", help="available-now or e.g. 5s")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--master", default="local[2]")
+    p.add_argument("--remote", help="a Spark Connect server (sc://host:port) instead of --master")
     return p.parse_args(argv)
 
 
-def session(master: str) -> SparkSession:
+def session(master: str, remote: str | None = None) -> SparkSession:
+    if remote:  # Spark Connect: the server's Python workers need canal-ha installed
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+        spark.dataSource.register(CanalDataSource)
+        return spark
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers: this interpreter
     spark = (
         SparkSession.builder.master(master)
@@ -50,6 +57,8 @@ def session(master: str) -> SparkSession:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
+        # Python workers start slowly on a busy machine (the default wait is 15 s)
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
@@ -104,7 +113,7 @@ def summary(spark: SparkSession, output: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    spark = session(args.master)
+    spark = session(args.master, args.remote)
     query = start_query(spark, args)
     try:
         follow(query)

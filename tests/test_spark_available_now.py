@@ -35,6 +35,7 @@ from canal_client.spark import (
     LeaderProgress,
     gtid_covers,
     parse_progress,
+    point_key,
 )
 from canal_client.spark_rows import EntryKey
 from canal_cluster.retry import wait_until
@@ -45,7 +46,7 @@ LOGFILE = "mariadb-bin.000001"
 
 
 def point(offset: int, gtid: str = "") -> BinlogPoint:
-    return BinlogPoint(EntryKey.of(LOGFILE, offset), gtid, "db:3306")
+    return BinlogPoint(point_key(LOGFILE, offset, "db:3306", gtid), gtid, "db:3306")
 
 
 @dataclass

@@ -35,13 +35,13 @@ TX_ROWS = 100
 class Driver:
     """The example job in its own process group (SIGKILL takes the JVM and workers too)."""
 
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(self, args: list[str], log: Path, script: Path = EXAMPLE) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
         env["PYSPARK_PYTHON"] = sys.executable
         self.log = log
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, str(EXAMPLE), *args],
+                [sys.executable, str(script), *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,

@@ -91,6 +91,7 @@ from canal_server.parse.reader import (
 from canal_server.sink import EventSink
 from canal_server.snapshot import Snapshots, SnapshotTerm
 from canal_server.store import EventStore
+from canal_server.table_schema import TableSchema, query_table
 
 __all__ = [
     "BINLOG_END_TTL_S",
@@ -463,6 +464,13 @@ class Instance:
             )
             checked = self._binlog_end.check(dsn)
         return {"reachable": checked.reachable, "address": checked.address, "error": checked.error}
+
+    def table_schema(self, schema: str, table: str) -> TableSchema:
+        """A table's columns from ``information_schema`` of the database the current term
+        reads (the configured master off term); see ``canal_server.table_schema``."""
+        term = self._term
+        dsn = term.reader.source if term is not None else dsn_of(self.config, self.config.master)
+        return query_table(dsn, schema, table)
 
     def store_stats(self) -> tuple[int, int]:
         term = self._term

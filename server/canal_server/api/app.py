@@ -32,7 +32,14 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.staticfiles import StaticFiles
 
-from canal_server.api import errors, routes_admin, routes_destinations, routes_docs, routes_node
+from canal_server.api import (
+    errors,
+    routes_admin,
+    routes_destinations,
+    routes_docs,
+    routes_node,
+    routes_tables,
+)
 from canal_server.api import models as m
 from canal_server.api.access import Access
 from canal_server.api.deps import LeaderLookup, read_body, require_admin
@@ -61,6 +68,7 @@ def create_app(node: Node) -> FastAPI:
     app.include_router(routes_docs.router)
     app.include_router(routes_node.router)
     app.include_router(routes_destinations.router)
+    app.include_router(routes_tables.router)
     app.include_router(routes_admin.router)
     # snapshots change the cluster: admin tokens only
     parts = SnapshotRouteParts(require_admin, _leader_of, encode, read_body)
