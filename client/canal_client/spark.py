@@ -59,8 +59,9 @@ How batches become micro-batches, exactly once with a checkpointed sink:
 
 availableNow: ``prepareForTriggerAvailableNow`` records the **target**, the leader's
 ``binlog_end`` from ``/v1/health`` (where the source's binlog ended when the run
-started). The run plans only entries that start before it and ends once the server has
-served up to it (a batch's ``end``), or once the leader's ``reader_position`` was seen
+started). The run plans only entries that start before it (and an incremental
+snapshot's READ entries put at it) and ends once the server has served past it (a
+batch's ``end``), or once the leader's ``reader_position`` was seen
 at or past it (binlog position or GTID state) and a later poll came back empty. Until
 then ``latestOffset`` waits for the leader's reader to catch up, and while it does it
 plans all but the last server batch it holds: the next trigger then always has
@@ -391,6 +392,9 @@ def gtid_covers(have: str, want: str) -> bool:
     return bool(wanted) and all(seqs.get(d, -1) >= n for d, n in wanted.items())
 
 
+AFTER_SNAPSHOTS = 1 << 62  # a snapshot ordinal after every real one
+
+
 @dataclass(frozen=True)
 class BinlogPoint:
     """A point of the source's binlog as ``/v1/health`` reports it."""
@@ -420,6 +424,12 @@ class BinlogPoint:
         if self.key.file and target.key.file and self.key >= target.key:
             return True
         return gtid_covers(self.gtid, target.gtid)
+
+    @property
+    def last_key(self) -> EntryKey:
+        """After the point and the incremental snapshot entries put at it (they lie
+        between it and the next binlog event)."""
+        return replace(self.key, snap=AFTER_SNAPSHOTS)
 
     def __str__(self) -> str:
         return f"{self.key} gtid={self.gtid or '-'}"
@@ -801,7 +811,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         useful = 0
         timeout_s = self.options.poll_timeout_s if timeout_s is None else timeout_s
         while useful < self.options.max_batches_per_trigger:
-            if self._target is not None and self._served >= self._target.key:
+            if self._target is not None and self._served >= self._target.last_key:
                 return False  # availableNow: the rest is not for this run
             added = self._fetch(timeout_s)
             if added is None:
@@ -833,7 +843,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             past = self._reader_past  # seen before the poll below
             empty = self._fill(0.0 if held else wait_s)
             pending = self._before(begin, target)
-            if self._served >= target.key or (empty and past == self._conn().epoch):
+            if self._served >= target.last_key or (empty and past == self._conn().epoch):
                 log.info("%s: availableNow: everything before %s taken", self._what(), target)
                 return pending
             if pending:
@@ -850,9 +860,10 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return []
 
     def _before(self, begin: Offset, target: BinlogPoint) -> list[_Item]:
-        return [
-            it for it in self.ledger.between(begin.last, self.ledger.top) if it.key < target.key
-        ]
+        """The entries before the target, and an incremental snapshot's entries at its
+        position (put once the binlog reached it, before any later binlog event)."""
+        limit = target.last_key
+        return [it for it in self.ledger.between(begin.last, self.ledger.top) if it.key < limit]
 
     def _hold_back(self, begin: Offset, pending: list[_Item]) -> list[_Item]:
         """All but the entries of the last server batch when they came in several."""
