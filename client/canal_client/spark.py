@@ -60,9 +60,10 @@ How batches become micro-batches, exactly once with a checkpointed sink:
 availableNow: ``prepareForTriggerAvailableNow`` records the **target**, the leader's
 ``binlog_end`` from ``/v1/health`` (where the source's binlog ended when the run
 started). The run plans only entries that start before it (and an incremental
-snapshot's READ entries put at it) and ends once the server has served past it (a
-batch's ``end``), or once the leader's ``reader_position`` was seen
-at or past it (binlog position or GTID state) and a later poll came back empty. Until
+snapshot's READ entries put at it) and ends once the server has served up to it (a
+batch's ``end``) and a poll found nothing more at it, or once the leader's
+``reader_position`` was seen at or past it (binlog position or GTID state) and a later
+poll came back empty. Until
 then ``latestOffset`` waits for the leader's reader to catch up, and while it does it
 plans all but the last server batch it holds: the next trigger then always has
 something to plan, so Spark commits (and the source acks) the previous micro-batch even
@@ -843,7 +844,10 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             past = self._reader_past  # seen before the poll below
             empty = self._fill(0.0 if held else wait_s)
             pending = self._before(begin, target)
-            if self._served >= target.last_key or (empty and past == self._conn().epoch):
+            # served up to the target: done once past it, or once a poll found nothing
+            # more (no snapshot entries at its position left in the store)
+            served = self._served >= target.key and (empty or self._served >= target.last_key)
+            if served or (empty and past == self._conn().epoch):
                 log.info("%s: availableNow: everything before %s taken", self._what(), target)
                 return pending
             if pending:

@@ -48,6 +48,7 @@ from canal_protocol.errors import (
     BinlogConfigError,
     BinlogError,
     CoordinatorUnavailable,
+    InvalidArgument,
     PositionNotFound,
     PurgedPosition,
     StartUnavailable,
@@ -467,7 +468,15 @@ class Instance:
 
     def table_schema(self, schema: str, table: str) -> TableSchema:
         """A table's columns from ``information_schema`` of the database the current term
-        reads (the configured master off term); see ``canal_server.table_schema``."""
+        reads (the configured master off term); see ``canal_server.table_schema``.
+        ``InvalidArgument("table")`` for a ``local.dir`` destination: it has no database."""
+        if self.config.local is not None:
+            raise InvalidArgument(
+                "table",
+                f"{self.config.name} reads binlog files from {self.config.local.dir} "
+                "(local.dir): there is no database whose information_schema could give a "
+                "table's columns; read it in map mode (without the Spark option 'table')",
+            )
         term = self._term
         dsn = term.reader.source if term is not None else dsn_of(self.config, self.config.master)
         return query_table(dsn, schema, table)
