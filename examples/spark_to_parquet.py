@@ -19,6 +19,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -103,6 +104,9 @@ def follow(query: Any) -> None:
 
 
 def summary(spark: SparkSession, output: str) -> None:
+    if not any(Path(output).rglob("*.parquet")):  # Spark cannot infer an empty one's schema
+        print(f"wrote 0 rows to {output}")
+        return
     df = spark.read.parquet(output)
     counts = df.groupBy("schema", "table", "event_type").count().orderBy("schema", "table")
     print(f"wrote {df.count()} rows to {output}:")
