@@ -208,11 +208,28 @@ def _settle_lines(rec: dict[str, Any]) -> list[str]:
 _SCALE = ("settle", "handover", "scale_clients", "scale_destinations", "idle_cost")
 
 
+def _spark_lines(rec: dict[str, Any]) -> list[str]:
+    """The canal source's steady state beside the two Spark anchors of the same run."""
+    jvm, arrow, typed = rec["anchors"]["jvm_range"], rec["anchors"]["python_arrow"], rec["typed"]
+    return [
+        f"  canal source, map mode: {rec['rows_per_s']:,.0f} rows/s steady state "
+        f"({rec['micro_batches']} micro-batches, the first after {rec['first_batch_s']:.1f} s;"
+        f" SparkSession start {rec['session_start_s']:.1f} s)",
+        f"  canal source, typed ({typed['table']}): {typed['rows_per_s']:,.0f} rows/s steady "
+        f"state ({typed['rows']:,} rows, first micro-batch after {typed['first_batch_s']:.1f} s)",
+        f"  Spark JVM range -> parquet: {jvm['rows_per_s']:,.0f} rows/s "
+        f"(canal = {rec['vs_jvm_range']:.2f}x)",
+        f"  Python data source, Arrow from memory -> parquet: {arrow['rows_per_s']:,.0f} rows/s "
+        f"(canal = {rec['vs_python_arrow']:.2f}x)",
+    ]
+
+
 def render_table(result: dict[str, Any]) -> str:
     """The human-readable summary printed at the end of a run."""
     lines = [*_machine_lines(result), "", *_throughput_table(result)]
     render = {
-        "latency": _latency_lines, "failover": _failover_lines, "node_rss": _rss_lines,
+        "spark_parquet": _spark_lines, "latency": _latency_lines,
+        "failover": _failover_lines, "node_rss": _rss_lines,
         "settle": _settle_lines, "handover": _handover_lines, "scale_clients": _curve_lines,
         "scale_destinations": _curve_lines, "idle_cost": _idle_lines,
     }  # fmt: skip

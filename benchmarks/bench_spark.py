@@ -1,105 +1,101 @@
-"""Spark end to end into parquet: ``examples/spark_to_parquet.py`` against a real node.
+"""Spark into parquet, beside Spark's own anchors in the same SparkSession.
 
-One node reads the generated binlog from its start; the example runs once
-(``--trigger available-now``) as a subprocess and the rows in its parquet output are
-counted with pyarrow. The example prints ``batch N: R rows`` as each micro-batch
-completes; the clock runs from the leader being ready to the last such line (before
-the example's own summary), so it includes the SparkSession start (~8-10 s here):
-``first_batch_s`` says how long it took until the first micro-batch was done.
+One node reads the generated binlog from its start; ``benchmarks/spark_job.py`` runs as
+a subprocess (its own SparkSession, ``local[2]``): the ``canal`` source in map mode over
+every table, a typed stream of one table, then the two anchors with the same number
+of rows of the same shape: Spark's JVM ``range`` → parquet, and a Python data source
+yielding the rows the canal run wrote, from memory, as Arrow record batches. The canal
+runs are available-now streams: ``rows_per_s`` is their steady state (the micro-batches
+after the first, from the end of the first to the end of the last); ``first_batch_s``
+is from the query's start to the end of its first micro-batch (the SparkSession was
+already up: ``session_start_s``). The parquet output is counted with pyarrow.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import re
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_cluster import DEST, start_nodes, stop_all, wait_leader
-from benchmarks.bench_common import REPO, Context, NotYet
+from benchmarks.bench_common import REPO, Context
 
-__all__ = ["spark_parquet"]
+__all__ = ["OPTIONS", "spark_parquet"]
 
-EXAMPLE = REPO / "examples" / "spark_to_parquet.py"
-SPARK_TIMEOUT_S = 3600.0
-BATCH_LINE = re.compile(r"^batch (\d+): (\d+) rows")
-
-
-def _example(ctx: Context) -> Path:
-    return Path(ctx.options.get("spark_example") or EXAMPLE)
-
-
-def _argv(ctx: Context, url: str) -> list[str]:
-    work = ctx.workdir / "spark"
-    return [
-        sys.executable, str(_example(ctx)), "--server", url, "--destination", DEST,
-        "--client-id", "spark", "--output", str(work / "out"),
-        "--checkpoint", str(work / "checkpoint"), "--trigger", "available-now",
-    ]  # fmt: skip
+JOB = REPO / "benchmarks" / "spark_job.py"
+SPARK_TIMEOUT_S = 1800.0
+# ~90 rows per rows event: a micro-batch of 8 server batches of 100 entries holds ~60k
+# rows, so 300k row changes make several micro-batches (a steady state to measure).
+OPTIONS = (
+    "batchSize=1000",
+    "maxBatchesPerTrigger=1",
+    "pollTimeoutMs=2000",
+    "rowsPerPartition=50000",
+)
 
 
 def _count_parquet_rows(path: str) -> int:
     import pyarrow.dataset as pads
 
-    return int(pads.dataset(path, format="parquet", partitioning="hive").count_rows())
+    return int(pads.dataset(path, format="parquet").count_rows())
 
 
-def _run_example(argv: list[str], t0: float) -> tuple[list[tuple[float, int]], str, int]:
-    """Run the example; (time since t0, rows) per batch line, its output, exit code."""
+def _run_job(argv: list[str], log: Path) -> dict[str, Any]:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-    assert proc.stdout is not None
-    timer = threading.Timer(SPARK_TIMEOUT_S, proc.kill)
-    timer.start()
-    batches: list[tuple[float, int]] = []
-    lines: list[str] = []
     try:
-        for line in proc.stdout:
-            m = BATCH_LINE.match(line)
-            if m:
-                batches.append((time.perf_counter() - t0, int(m.group(2))))
-            lines.append(line)
-        code = proc.wait()
-    finally:
-        timer.cancel()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return batches, "".join(lines[-40:]), code
+        done = subprocess.run(
+            argv, capture_output=True, text=True, env=env, timeout=SPARK_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"spark_job.py did not finish within {SPARK_TIMEOUT_S:g} s") from exc
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(done.stdout + done.stderr)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stdout + done.stderr)[-1500:]
+        raise RuntimeError(f"spark_job.py exit {done.returncode} (log {log}): {tail}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
 
 
 def spark_parquet(ctx: Context) -> dict[str, Any]:
-    example = _example(ctx)
-    if not example.exists():
-        shown = example.relative_to(REPO) if example.is_relative_to(REPO) else example
-        raise NotYet(f"{shown} does not exist yet")
     ds = ctx.dataset
     master = {"journal_name": ds.journal, "position": ds.offset}
     nodes = start_nodes(ctx, 1, "spark", destination={"master": master})
+    # the typed run reads from its own node: the map run's acks free the first one's store
+    nodes += start_nodes(ctx, 1, "spark-typed", destination={"master": master})
+    work = ctx.workdir / "spark"
+    table = ds.tables[0]
+    argv = [
+        sys.executable, str(JOB), "--server", nodes[0].url, "--typed-server", nodes[1].url,
+        "--destination", DEST, "--workdir", str(work), "--table", table,
+        *(arg for opt in OPTIONS for arg in ("--option", opt)),
+    ]  # fmt: skip
     try:
-        wait_leader(nodes)
-        argv = _argv(ctx, nodes[0].url)
-        t0 = time.perf_counter()
-        batches, output, code = _run_example(argv, t0)
-        total = time.perf_counter() - t0
+        wait_leader(nodes[:1])
+        wait_leader(nodes[1:])
+        result = _run_job(argv, Path(os.environ.get("CANAL_BENCH_SPARK_LOG", work / "job.log")))
     finally:
         stop_all(nodes)
-    if code != 0 or not batches:
-        raise RuntimeError(f"{example.name} exit {code}, {len(batches)} batches: {output[-600:]}")
-    rows = _count_parquet_rows(argv[argv.index("--output") + 1])
-    if rows != ds.rows:
+    canal, typed = result["canal"], result["canal_typed"]
+    rows = _count_parquet_rows(canal["output"])
+    if rows != ds.rows or canal["rows"] != ds.rows:
         raise RuntimeError(f"parquet holds {rows} rows, the binlog has {ds.rows}")
-    elapsed = batches[-1][0]
+    typed_rows = _count_parquet_rows(typed["output"])
+    if typed_rows != typed["rows"]:
+        raise RuntimeError(f"typed parquet holds {typed_rows} rows, not {typed['rows']}")
+    jvm, arrow = result["jvm_range"], result["python_arrow"]
     return {
-        "rows": rows, "seconds": round(elapsed, 3), "rows_per_s": rows / elapsed,
-        "micro_batches": len(batches), "first_batch_s": round(batches[0][0], 3),
-        "rows_in_batches": sum(n for _, n in batches), "process_s": round(total, 3),
+        "rows": rows, "rows_per_s": canal["rows_per_s"], "seconds": canal["steady_s"],
+        "first_batch_s": canal["first_batch_s"], "micro_batches": canal["micro_batches"],
+        "session_start_s": result["session_start_s"], "batches": canal["batches"],
+        "typed": {"table": table, **typed},
+        "anchors": {"jvm_range": jvm, "python_arrow": arrow},
+        "vs_jvm_range": round(canal["rows_per_s"] / jvm["rows_per_s"], 3),
+        "vs_python_arrow": round(canal["rows_per_s"] / arrow["rows_per_s"], 3),
         "command": " ".join(argv[1:]).replace(str(ctx.workdir), "$WORK"),
-        "includes": "SparkSession start-up (clock: leader ready -> last micro-batch)",
+        "includes": "steady state: micro-batches after the first (see first_batch_s)",
     }  # fmt: skip

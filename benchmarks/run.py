@@ -121,7 +121,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--scale-destinations", default="1,4,16", help="destination counts (scale_*, idle_cost)"
     )
     p.add_argument("--idle-seconds", type=float, default=10.0, help="idle_cost sample (s)")
-    p.add_argument("--spark-example", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     only = [n for n in args.only.split(",") if n]
@@ -171,7 +170,6 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "snapshot_rss_rows": args.snapshot_rss_rows,
         "failover_ttl_s": args.failover_ttl,
         "failover_switch_delay_s": args.failover_switch_delay,
-        "spark_example": str(args.spark_example or ""),
         "handovers": args.handovers,
         "scale_clients": args.scale_clients,
         "scale_destinations": args.scale_destinations,

@@ -7,7 +7,9 @@
 ``--trigger available-now`` reads what the destination has now, writes it and exits;
 ``--trigger 5s`` (a processing-time interval) runs until Ctrl-C. Restarting with the same
 ``--checkpoint`` continues where the last run stopped: no row is lost or written twice.
-``--option key=value`` passes more source options (batchSize, filter, token, ...).
+``--option key=value`` passes more source options (batchSize, filter, token, table, ...).
+``--master spark://host:port`` (or ``spark-submit --master``) runs it on a cluster;
+``--remote sc://host:port`` through a Spark Connect server.
 At the end it prints what it wrote (rows per schema, table and event type).
 """
 
@@ -17,6 +19,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -36,10 +39,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trigger", default="available-now", help="available-now or e.g. 5s")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--master", default="local[2]")
+    p.add_argument("--remote", help="a Spark Connect server (sc://host:port) instead of --master")
     return p.parse_args(argv)
 
 
-def session(master: str) -> SparkSession:
+def session(master: str, remote: str | None = None) -> SparkSession:
+    if remote:  # Spark Connect: the server's Python workers need canal-ha installed
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+        spark.dataSource.register(CanalDataSource)
+        return spark
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers: this interpreter
     spark = (
         SparkSession.builder.master(master)
@@ -50,6 +58,8 @@ def session(master: str) -> SparkSession:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
+        # Python workers start slowly on a busy machine (the default wait is 15 s)
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
@@ -94,6 +104,9 @@ def follow(query: Any) -> None:
 
 
 def summary(spark: SparkSession, output: str) -> None:
+    if not any(Path(output).rglob("*.parquet")):  # Spark cannot infer an empty one's schema
+        print(f"wrote 0 rows to {output}")
+        return
     df = spark.read.parquet(output)
     counts = df.groupBy("schema", "table", "event_type").count().orderBy("schema", "table")
     print(f"wrote {df.count()} rows to {output}:")
@@ -104,7 +117,7 @@ def summary(spark: SparkSession, output: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    spark = session(args.master)
+    spark = session(args.master, args.remote)
     query = start_query(spark, args)
     try:
         follow(query)

@@ -44,7 +44,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
   || [ server/canal_server/parse/_rowcodec.c -nt "$stamp" ]; then
   echo "setup: installing canal-ha into .venv (editable, every extra)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[server,spark,dev]"
+  .venv/bin/python -m pip install -q -e ".[server,spark,connect,dev]"
   touch "$stamp"
 fi
 # The extension is optional for pip (a pure-Python decoder exists); here it must be there.

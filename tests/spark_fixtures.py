@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from canal_client.spark import CanalOptions
-from canal_client.spark_rows import EntryKey, entry_key
+from canal_client.spark_rows import EntryKey, Row, entry_key
 from canal_protocol import Batch, Entry
 from canal_protocol.errors import UnknownBatch
 
@@ -83,6 +83,15 @@ def _entry(
         "event_type": event,
     }
     return {"type": kind, "header": header, "is_ddl": False, "sql": "", "rows": rows}
+
+
+def arrow_rows(batches: Iterable[Any]) -> list[Row]:
+    """The rows of the source's RecordBatches as ``entry_rows`` gives them (maps as dicts)."""
+    out: list[Row] = []
+    for batch in batches:
+        for row in batch.to_pylist():
+            out.append(tuple(dict(v) if isinstance(v, list) else v for v in row.values()))
+    return out
 
 
 @dataclass
@@ -261,6 +270,8 @@ def spark() -> Iterator[Any]:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
+        # Python workers start slowly on a busy machine (the default wait is 15 s)
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )

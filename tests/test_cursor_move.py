@@ -145,7 +145,7 @@ def run_batch(reader: CanalStreamReader, start: dict[str, Any]) -> tuple[dict[st
     """Plan and run one micro-batch as Spark does: its end offset and row count."""
     end = reader.latestOffset(start, ReadAllAvailable())
     parts = reader.partitions(start, end)
-    return end, sum(len(list(reader.read(p))) for p in parts)
+    return end, sum(b.num_rows for p in parts for b in reader.read(p))
 
 
 @pytest.mark.parametrize("failover", [False, True], ids=["same-leader", "after-failover"])

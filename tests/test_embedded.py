@@ -473,3 +473,22 @@ def test_a_retry_while_the_first_attempt_still_waits_gets_the_same_batch() -> No
     assert len(got) == 2 and got[0] == got[1]
     assert got[0].id == 1 and list(got[0].entries) == entries
     assert server.get_without_ack("c", 5, request_id="s").is_empty
+
+
+def test_a_batch_holds_the_entries_of_one_database() -> None:
+    """After a database switch the store holds entries of two sources: a batch never
+    mixes them (its start and end name the database of every entry in it)."""
+    from canal_protocol.positions import LogIdentity
+
+    server, store, fac = _server()
+    server.subscribe("c")
+    old = _put(store, fac.rows(3))
+    standby = LogIdentity("127.0.0.1:3307", IDENTITY.slave_id)
+    new = fac.rows(3)
+    assert store.put(new, standby) == 3
+    first = server.get_without_ack("c", 10)
+    assert list(first.entries) == old and first.end is not None
+    assert first.end.identity == IDENTITY
+    second = server.get_without_ack("c", 10)
+    assert list(second.entries) == new and second.start is not None
+    assert second.start.identity == second.end.identity == standby  # type: ignore[union-attr]

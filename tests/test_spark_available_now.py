@@ -35,6 +35,7 @@ from canal_client.spark import (
     LeaderProgress,
     gtid_covers,
     parse_progress,
+    point_key,
 )
 from canal_client.spark_rows import EntryKey
 from canal_cluster.retry import wait_until
@@ -45,7 +46,7 @@ LOGFILE = "mariadb-bin.000001"
 
 
 def point(offset: int, gtid: str = "") -> BinlogPoint:
-    return BinlogPoint(EntryKey.of(LOGFILE, offset), gtid, "db:3306")
+    return BinlogPoint(point_key(LOGFILE, offset, "db:3306", gtid), gtid, "db:3306")
 
 
 @dataclass
@@ -341,3 +342,23 @@ def test_one_batch_runs_move_the_cursor_and_read_only_new_rows(
         f"CREATE DATABASE {db}",
         f"CREATE TABLE {db}.items",
     ]
+
+
+def test_snapshot_entries_at_the_binlog_end_are_part_of_the_run() -> None:
+    """An incremental snapshot of an idle table puts its READ entries at the binlog end
+    (its last transaction's end, with snapshot ordinals): the binlog end a run starts
+    with lies before them, yet they are there when it starts and belong to it."""
+    changes = make_entries(6, 1)
+    end = int(changes[-1]["header"]["end_offset"])
+    chunk = make_entries(2, 3, first_id=100, start=end)
+    for n, e in enumerate(chunk, 1):
+        e["header"].update(offset=end, end_offset=end, gtid="", event_type="READ", snapshot=n)
+    backlog = changes + chunk
+    server = LaggingServer(backlog=backlog, capacity=8, step=3)
+    assert server.binlog_end() == end
+    eng = TargetEngine(server, options())
+    eng.drain()
+    assert eng.rows() == expected(backlog)
+    eng.restart()  # the next run: nothing twice
+    eng.drain()
+    assert eng.rows() == expected(backlog)

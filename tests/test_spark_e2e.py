@@ -35,13 +35,13 @@ TX_ROWS = 100
 class Driver:
     """The example job in its own process group (SIGKILL takes the JVM and workers too)."""
 
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(self, args: list[str], log: Path, script: Path = EXAMPLE) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
         env["PYSPARK_PYTHON"] = sys.executable
         self.log = log
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, str(EXAMPLE), *args],
+                [sys.executable, str(script), *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -185,3 +185,24 @@ def test_exactly_once_through_leader_and_driver_kills(
     assert ddl == [f"CREATE DATABASE {db}", f"CREATE TABLE {db}.items"]
     assert Counter(change(r) for r in rows if not r["is_ddl"]) == expected_changes()
     assert "wrote 20002 rows" in log.read_text()
+
+
+def test_an_empty_run_of_the_example_ends_with_a_summary_of_nothing(
+    sandbox: Sandbox,
+    node_cluster: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The README's case: a run that finds nothing to write (here a filter no table
+    matches) ends normally and says so, instead of Spark's UNABLE_TO_INFER_SCHEMA when
+    it reads its empty output back."""
+    nodes = node_cluster(1)
+    wait_leader(nodes)
+    out, ckpt, log = tmp_path / "out", tmp_path / "ckpt", tmp_path / "driver.log"
+    args = [
+        "--etcd", ",".join(sandbox.etcd_endpoints), "--destination", DEST,
+        "--client-id", "empty", "--output", str(out), "--checkpoint", str(ckpt),
+        "--option", f"etcdPrefix={nodes[0].prefix}", "--option", "filter=nothing\\.here",
+        "--trigger", "available-now",
+    ]  # fmt: skip
+    assert Driver(args, log).wait(300) == 0, log.read_text()[-3000:]
+    assert f"wrote 0 rows to {out}" in log.read_text()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
-from spark_fixtures import FakeConnector, FakeServer, make_entries
+from spark_fixtures import FakeConnector, FakeServer, arrow_rows, make_entries
 
 from canal_client.spark import CanalOptions, CanalStreamReader, ConnectorLike
 from canal_client.spark_rows import Offset, Row, entry_rows
@@ -72,7 +72,7 @@ class Engine:
 
     def run(self, n: int) -> None:
         parts = self.reader.partitions(self.offset(n - 1), self.offset(n))
-        self.sink[n] = [row for p in parts for row in self.reader.read(p)]
+        self.sink[n] = arrow_rows(b for p in parts for b in self.reader.read(p))
         self.committed = n
 
     def drain(self, limit: int = 1000) -> None:
@@ -271,3 +271,15 @@ def test_options_name_the_bad_one() -> None:
     for name, value in (("batchSize", "65537"), ("pollTimeoutMs", "x"), ("exclusive", "yes")):
         with pytest.raises(ConfigError, match=name):
             CanalOptions.parse({**good, name: value})
+
+
+def test_partitions_are_even_and_hold_whole_entries() -> None:
+    server = FakeServer(make_entries(20, 3))  # 60 rows in entries of 3
+    opts = CanalOptions(**{**OPTS.__dict__, "batch_size": 100, "rows_per_partition": 25})
+    reader = Engine(server, opts).reader
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    parts = reader.partitions(start, end)
+    sizes = [p.rows for p in parts]
+    assert len(parts) == 3 and sum(sizes) == 60 and max(sizes) - min(sizes) <= 3
+    assert [r for p in parts for r in arrow_rows(reader.read(p))] == expected(server.entries)

@@ -170,6 +170,118 @@ def test_snapshot_read_entries_have_distinct_keys_in_stream_order() -> None:
     assert rows[0][COL["primary_key"]] == '{"id":"5"}'
     k1, k2 = entry_key(first), entry_key(entry)
     assert k1 < k2 and (k1.file, k1.pos) == (k2.file, k2.pos)
-    assert EntryKey.from_dict(k2.to_dict()) == k2 and str(k2).endswith("+r2")
+    assert EntryKey.from_dict(k2.to_dict()) == k2 and f"{k2.pos}+r2" in str(k2)
     binlog = entry_key({"header": {**entry["header"], "snapshot": 0}})
     assert binlog < k1 and "snap" not in binlog.to_dict()
+
+
+def test_arrow_rows_equal_entry_rows_for_every_value_form() -> None:
+    """The executors' Arrow decoding (map mode) gives exactly ``entry_rows``' rows."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from spark_fixtures import arrow_rows
+
+    from canal_client.packed import PackedBatch
+    from canal_client.spark_arrow import record_batch
+    from canal_client.spark_schema import generic_struct
+    from canal_protocol import Batch
+
+    def image(*values: Any) -> list[dict[str, Any]]:
+        kinds = [
+            ("k", "varchar(20)", True), ("b", "varbinary(4)", True),
+            ("u", "bigint unsigned", False), ("f", "double", False), ("t", "text", False),
+            ("y", "year", False),
+        ]  # fmt: skip
+        return [col(n, v, key, t) for (n, t, key), v in zip(kinds, values, strict=True)]
+
+    odd = ['a"b\\c', b"\x00\xff", 18446744073709551615, 1e20, "héllo\n😀", 2155]
+    plain = ["x", b"", 0, -0.5, None, 0]
+    entries = [
+        rowdata("INSERT", [{"before": [], "after": image(*odd)}]),
+        rowdata("INSERT", [{"before": [], "after": image(*plain)}]),
+        rowdata("UPDATE", [{"before": image(*plain), "after": image(*odd)}]),
+        rowdata("DELETE", [{"before": image(*odd), "after": []}]),
+        rowdata("INSERT", [{"before": [], "after": image(None, None, None, None, None, None)}]),
+        ddl_entry("ALTER TABLE t.items ADD c int", 9000),
+        *make_entries(2, 3),
+    ]
+    packed = PackedBatch.of(Batch(1, [Entry.from_wire(e) for e in entries]))
+    data = b"".join(e.data for e in packed.entries)
+    schema = to_arrow_schema(generic_struct(), timezone="UTC")
+    got = arrow_rows([record_batch(data, len(packed.entries), schema)])
+    assert got == [row for e in entries for row in entry_rows(e)]
+    assert json.loads(got[0][COL["primary_key"]]) == {"k": 'a"b\\c', "b": "AP8="}
+
+
+def test_keys_of_two_databases_compare_by_gtid_and_place() -> None:
+    primary = EntryKey.of("mariadb-bin.000009", 5000, source="db1:3306", gtid="0-1-41", sub=2)
+    replica = EntryKey.of("mariadb-bin.000001", 300, source="db2:3306", gtid="0-2-42", sub=0)
+    assert primary < replica and replica > primary  # binlog order would say the opposite
+    same_tx = EntryKey.of("mariadb-bin.000001", 200, source="db2:3306", gtid="0-1-41", sub=3)
+    assert primary < same_tx and EntryKey.of("x.000001", 1, source="db2:3306", gtid="0-1-41",
+                                             sub=1) < primary  # fmt: skip
+    unknown = EntryKey.of("mariadb-bin.000001", 100, source="db2:3306", gtid="0-1-41")
+    assert unknown > primary  # an unknown place: kept rather than lost
+    other_domain = EntryKey.of("mariadb-bin.000001", 1, source="db2:3306", gtid="1-2-99", sub=0)
+    assert other_domain < primary  # no common domain: binlog order
+    assert EntryKey.of("mariadb-bin.000010", 4, source="db1:3306", gtid="0-1-1") > primary
+    off = Offset(3, primary, (1,))
+    assert Offset.from_dict(json.loads(json.dumps(off.to_dict()))) == off
+
+
+def test_the_ledger_places_entries_in_their_transaction() -> None:
+    from canal_client.packed import PackedBatch
+    from canal_client.spark import Ledger
+    from canal_protocol import Batch
+
+    entries = make_entries(2, 1)  # BEGIN, ROWDATA, END twice
+    packed = PackedBatch.of(Batch(1, [Entry.from_wire(e) for e in entries])).entries
+    ledger = Ledger()
+    assert ledger.add(1, packed, source="db:1") == 6
+    assert [it.key.sub for it in ledger.items] == [0, 1, 2, 0, 1, 2]
+    assert ledger.add(2, packed[1:], source="db:1") == 0  # delivered again, mid-transaction
+    assert ledger.prev is not None and ledger.prev.sub == 2  # placed by the held entries
+    fresh = Ledger()
+    fresh.reset(ledger.items[1].key, exact=True)  # the cursor is right after entry 1
+    fresh.add(3, packed[2:], source="db:1")
+    assert [it.key.sub for it in fresh.items] == [2, 0, 1, 2]
+    unknown = Ledger()
+    unknown.reset(ledger.items[0].key)  # the cursor is somewhere before: not placed
+    unknown.add(4, packed[1:], source="db:1")
+    assert [it.key.sub for it in unknown.items] == [-1, -1, 0, 1, 2]
+
+
+def _read_chunk(pos: int, first: int) -> list[dict[str, Any]]:
+    """A snapshot chunk (BEGIN, one READ ROWDATA, END) put at ``pos``, ordinals from
+    ``first``: the entries share the binlog position and carry no GTID."""
+    chunk = make_entries(1, 2, first_id=100 + first, start=pos)
+    for n, e in enumerate(chunk):
+        e["header"].update(
+            offset=pos, end_offset=pos, gtid="", event_type="READ", snapshot=first + n
+        )
+    return chunk
+
+
+def test_the_ledger_keeps_snapshot_entries_at_one_position_once_each() -> None:
+    """READ entries sit between binlog events at one position: the ledger keeps each
+    once in order, drops them when delivered again, and a floor inside a chunk keeps
+    only the entries after it (the cursor stops before a position's snapshot entries)."""
+    from canal_client.packed import PackedBatch
+    from canal_client.spark import Ledger, batch_end
+    from canal_protocol import Batch
+
+    before, after = make_entries(1, 1, start=256), make_entries(1, 1, first_id=5, start=900)
+    wire = [*before, *_read_chunk(800, 1), *_read_chunk(800, 4), *after]
+    batch = Batch(1, [Entry.from_wire(e) for e in wire])
+    packed = PackedBatch.of(batch).entries
+    ledger = Ledger()
+    assert ledger.add(1, packed, source="db:1") == 12
+    keys = [it.key for it in ledger.items]
+    assert keys == sorted(keys) and len(set(keys)) == 12
+    assert [k.snap for k in keys] == [0, 0, 0, 1, 2, 3, 4, 5, 6, 0, 0, 0]
+    assert ledger.add(2, packed[3:9], source="db:1") == 0  # delivered again
+    replay = Ledger()
+    replay.reset(keys[4])  # committed through the first READ ROWDATA entry
+    assert replay.add(3, packed, source="db:1") == 7
+    assert [it.key.snap for it in replay.items] == [3, 4, 5, 6, 0, 0, 0]
+    end = batch_end(PackedBatch.of(Batch(2, [Entry.from_wire(e) for e in wire[:9]])))
+    assert end.snap == 6 and keys[8] <= end < keys[9]

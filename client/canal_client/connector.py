@@ -56,12 +56,13 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import httpx
 
 from canal_client.exclusive import ActiveGate
 from canal_client.inflight import Abandoned, InFlight
+from canal_client.packed import PackedBatch
 from canal_client.resolver import EtcdResolver, Leader, LeaderResolver, StaticResolver
 from canal_client.wire import HttpChannel, Redirected, Reply, WireFormat
 from canal_cluster.coordinator import Coordinator
@@ -78,6 +79,7 @@ from canal_protocol.errors import (
     RetryExhausted,
     ServerUnreachable,
     StaleLeader,
+    UnexpectedResponse,
     UnknownBatch,
     UnknownDestination,
 )
@@ -89,6 +91,7 @@ __all__ = ["DEFAULT_RETRY", "ClusterConnector", "Connector", "SimpleConnector"]
 
 log = logging.getLogger("canal_client")
 T = TypeVar("T")
+B = TypeVar("B", Batch, PackedBatch)
 
 DEFAULT_RETRY = RetryPolicy(initial_s=0.1, multiplier=2.0, max_delay_s=2.0, attempts=-1)
 MAX_RETRY_AFTER_S = 30.0
@@ -307,18 +310,49 @@ class Connector:
 
     def get_batch(self, batch_id: int) -> Batch:
         """An outstanding batch again (``UnknownBatch`` once acked or rolled back)."""
+        return self._refetch(batch_id, _as_model, tuples=True)
+
+    def get_without_ack_packed(self, size: int, timeout_s: float) -> PackedBatch:
+        """``get_without_ack`` as the leader's msgpack bytes with an index of the entries
+        (``canal_client.packed``): no Python object per row value. msgpack wire only."""
+        empty = PackedBatch(-1)
+        return self._get(size, timeout_s, auto_ack=False, decode=_as_packed, empty=empty)
+
+    def get_batch_packed(self, batch_id: int) -> PackedBatch:
+        """``get_batch`` as the leader's bytes (see ``get_without_ack_packed``)."""
+        return self._refetch(batch_id, _as_packed, raw=True)
+
+    def _refetch(
+        self, batch_id: int, decode: Callable[[Reply], B], tuples: bool = False, raw: bool = False
+    ) -> B:
         with self._lock:
 
-            def op(session: _Session) -> Batch:
+            def op(session: _Session) -> B:
                 self._check_batch_session(batch_id, session)
                 path = f"{self._base()}/batches/{batch_id}?layout=compact"
-                reply = self._request(session, "GET", path, tuples=True)
-                return Batch.from_wire(reply.body, reply.binary_as_base64)
+                return decode(self._request(session, "GET", path, tuples=tuples, raw=raw))
 
             try:
                 return self._call("get_batch", op)
             except (_Inactive, _StaleBatch) as exc:
                 raise UnknownBatch(f"batch {batch_id}: {exc}") from exc
+
+    def table(self, name: str) -> dict[str, Any]:
+        """The columns of table ``name`` (``schema.table``) as the leader's database has
+        them (``GET /v1/destinations/{d}/tables/{name}``); opens no session.
+        ``UnknownTable`` when it does not exist."""
+
+        def op(leader: Leader) -> dict[str, Any]:
+            channel = self._require_channel()
+            path = f"/v1/destinations/{self.destination}/tables/{name}"
+            reply = channel.request("GET", leader.url, path, follow_redirects=True)
+            self._note_epoch(reply.epoch)
+            if not isinstance(reply.body, dict):
+                raise UnexpectedResponse(f"GET {path}: not an object")
+            return reply.body
+
+        with self._lock:
+            return self._call_leader("table", op)
 
     def ack(self, batch_id: int) -> None:
         """Acknowledge every outstanding batch up to ``batch_id``."""
@@ -374,32 +408,44 @@ class Connector:
 
     # -- batches ------------------------------------------------------------------------
 
-    def _get(self, size: int, timeout_s: float, auto_ack: bool) -> Batch:
+    def _get(
+        self,
+        size: int,
+        timeout_s: float,
+        auto_ack: bool,
+        decode: Callable[[Reply], B] | None = None,
+        empty: B | None = None,
+    ) -> B:
+        """A batch, made by ``decode`` (default: the ``Batch`` model); ``empty`` when none."""
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise InvalidArgument("size", f"must be an int > 0, got {size!r}")
         if timeout_s < 0:
             raise InvalidArgument("timeout_s", f"must be >= 0, got {timeout_s!r}")
+        make: Callable[[Reply], Any] = decode or _as_model
+        none: Any = Batch.empty() if empty is None else empty
         if self._gate is not None and not self._gate.wait_active(timeout_s):
-            return Batch.empty()
+            return cast(B, none)
         body = {
             "size": size, "timeout_ms": int(timeout_s * 1000), "auto_ack": auto_ack,
             "layout": "compact", "request_id": f"{self._rid_prefix}-{next(self._rids)}",
         }  # fmt: skip
+        packed = decode is _as_packed
         with self._lock:
 
-            def op(session: _Session) -> tuple[Batch, _Session]:
+            def op(session: _Session) -> tuple[Any, _Session]:
                 path = f"{self._base()}/batches"
                 reply = self._request(
-                    session, "POST", path, body, extra_timeout_s=timeout_s, tuples=True
-                )
-                return Batch.from_wire(reply.body, reply.binary_as_base64), session
+                    session, "POST", path, body, extra_timeout_s=timeout_s,
+                    tuples=not packed, raw=packed,
+                )  # fmt: skip
+                return make(reply), session
 
             try:
                 batch, session = self._call("get_without_ack", op)
             except _Inactive:
-                return Batch.empty()
+                return cast(B, none)
             if batch.id < 0:
-                return batch
+                return cast(B, batch)
             if self._gate is not None and (
                 not self._gate.is_active() or self._gate.generation != session.gate_gen
             ):
@@ -409,7 +455,7 @@ class Connector:
                     self.client_id,
                     batch.id,
                 )
-                return Batch.empty()
+                return cast(B, none)
             if not auto_ack:
                 self._batches[batch.id] = session.gen
             log.debug(
@@ -421,7 +467,7 @@ class Connector:
                 session.url,
                 session.epoch,
             )
-            return batch
+            return cast(B, batch)
 
     def _finish_batch(self, what: str, batch_id: int, path: str) -> None:
         with self._lock:
@@ -727,12 +773,19 @@ class Connector:
         body: dict[str, Any] | None = None,
         extra_timeout_s: float = 0.0,
         tuples: bool = False,
+        raw: bool = False,
     ) -> Reply:
         channel = self._require_channel()
         reply = self._exchange(
             session,
             lambda: channel.request(
-                method, session.url, path, body, extra_timeout_s=extra_timeout_s, tuples=tuples
+                method,
+                session.url,
+                path,
+                body,
+                extra_timeout_s=extra_timeout_s,
+                tuples=tuples,
+                raw=raw,
             ),
         )
         self._note_epoch(reply.epoch)
@@ -803,6 +856,14 @@ class Connector:
             log.log(level, "%s: attempt %d failed: %s", self._what(what), attempt, exc)
 
         return log_retry
+
+
+def _as_model(reply: Reply) -> Batch:
+    return Batch.from_wire(reply.body, reply.binary_as_base64)
+
+
+def _as_packed(reply: Reply) -> PackedBatch:
+    return PackedBatch.parse(reply.body)
 
 
 class _StaleBatch(ClientError):

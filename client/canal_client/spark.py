@@ -7,18 +7,22 @@
     df = (spark.readStream.format("canal").option("etcd", "http://127.0.0.1:2379")
           .option("destination", "example").option("clientId", "1001").load())
 
-Rows: see ``canal_client.spark_rows`` (one row per changed row; ``before``/``after`` as
-``map<string,string>``). Options (README.md "Spark" explains each): ``etcd``
+Rows: see ``canal_client.spark_rows`` (one row per changed row; map mode: ``before``/
+``after`` as ``map<string,string>``) and, with ``.option("table", "schema.table")``, the
+typed mode of ``canal_client.spark_schema`` (structs of the table's columns, asked of
+the leader when the query starts; a table map of another shape stops the query with
+``SchemaChanged`` before its rows are planned). Options (README.md "Spark"): ``etcd``
 (comma-separated endpoints) or ``server`` (comma-separated node URLs), ``destination``,
 ``clientId``, ``batchSize`` (entries per server batch, 1000), ``filter`` (table regex),
 ``token``, ``etcdPrefix`` (``/canal``), ``pollTimeoutMs`` (1000),
 ``maxBatchesPerTrigger`` (10), ``replayTimeoutS`` (120), ``rowsPerPartition`` (10000),
 ``exclusive`` (false: one active consumer per client id), ``availableNowStallS`` (120),
-``startingOffsets`` (``earliest``; see README), ``connectorFactory`` (tests:
-``module:function`` building the connector); a secured etcd (``https://`` endpoints):
-``etcdCaFile``, ``etcdCertFile``, ``etcdKeyFile``, ``etcdUser`` and ``etcdPassword`` or
-``etcdPasswordFile``; ``tokenFile`` instead of ``token`` (files read on the driver;
-Spark redacts option values whose name holds "password" or "token" in its UI and plans).
+``startingOffsets`` (``earliest``; see README), ``table`` (typed mode),
+``connectorFactory`` (tests: ``module:function`` building the connector); a secured etcd
+(``https://`` endpoints): ``etcdCaFile``, ``etcdCertFile``, ``etcdKeyFile``, ``etcdUser``
+and ``etcdPassword`` or ``etcdPasswordFile``; ``tokenFile`` instead of ``token`` (files
+read on the driver; Spark redacts option values whose name holds "password" or "token"
+in its UI and plans).
 
 How batches become micro-batches, exactly once with a checkpointed sink:
 
@@ -26,10 +30,12 @@ How batches become micro-batches, exactly once with a checkpointed sink:
   (it follows leader changes; a change shows as a log line). ``latestOffset`` takes
   server batches **without ack** into an in-memory ledger and returns an offset (see
   ``spark_rows.Offset``): entries so far, the key of the last one, the batch ids.
-* ``partitions(start, end)`` ships the **rows** of the entries in ``(start, end]`` inside
-  the partition objects, so ``read`` in the Python worker only yields them: workers
-  open no connection (a second connection of the same client id would roll the
-  driver's batches back), and a task retry reads the very same rows.
+* The ledger holds each batch as the leader's **bytes** (``canal_client.packed``: the
+  entries indexed, their rows not decoded). ``partitions(start, end)`` gives each
+  partition the bytes of whole entries of ``(start, end]`` that yield rows; ``read``
+  on the executor decodes them into one Arrow RecordBatch (``canal_client.spark_arrow``).
+  Executors open no connection (a second connection of the same client id would roll
+  the driver's batches back), and a task retry reads the very same bytes.
 * Spark plans a micro-batch only after the previous one is committed, so the
   ``start`` of ``latestOffset`` is committed: it acks the newest server batch lying
   entirely at or before ``start`` and forgets those entries, as ``commit(end)`` does
@@ -53,9 +59,11 @@ How batches become micro-batches, exactly once with a checkpointed sink:
 
 availableNow: ``prepareForTriggerAvailableNow`` records the **target**, the leader's
 ``binlog_end`` from ``/v1/health`` (where the source's binlog ended when the run
-started). The run plans only entries that start before it and ends once the server has
-served up to it (a batch's ``end``), or once the leader's ``reader_position`` was seen
-at or past it (binlog position or GTID state) and a later poll came back empty. Until
+started). The run plans only entries that start before it (and an incremental
+snapshot's READ entries put at it) and ends once the server has served up to it (a
+batch's ``end``) and a poll found nothing more at it, or once the leader's
+``reader_position`` was seen at or past it (binlog position or GTID state) and a later
+poll came back empty. Until
 then ``latestOffset`` waits for the leader's reader to catch up, and while it does it
 plans all but the last server batch it holds: the next trigger then always has
 something to plan, so Spark commits (and the source acks) the previous micro-batch even
@@ -67,9 +75,13 @@ the run ends at entries committed after it started (database clock) or when a po
 ``pollTimeoutMs`` brings nothing, with a warning. Processing-time triggers are not
 affected.
 
-Limits: keys are binlog file/offset of the database the destination reads, so a switch
-of the database itself (primary → standby with other binlog names) is not handled
-here (an availableNow run then ends by ``availableNowStallS``).
+Keys (``spark_rows.EntryKey``) are binlog file/offset of the database an entry was read
+from, with its GTID and place in its transaction: after a database switch (primary →
+standby, other binlog names) keys of the two databases compare by GTID, and the cursor
+is moved through a checkpointed key only while the leader reads that key's database
+(``HttpProgress``: ``reader_position.source_address``); otherwise the entries up to it
+are read again and dropped as duplicates. An availableNow run across a switch may end
+by ``availableNowStallS``; the next run goes on.
 """
 
 from __future__ import annotations
@@ -79,25 +91,46 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from canal_client.packed import PackedBatch, PackedEntry
+from canal_client.spark_arrow import record_batch
 from canal_client.spark_rows import (
-    FIELDS,
     MIN_KEY,
+    UNKNOWN_SUB,
     EntryKey,
     Offset,
-    Row,
     entry_key,
-    entry_rows,
     entry_timestamp_ms,
+    gtid_of,
 )
-from canal_protocol.errors import CanalError, ConfigError, ReplayMismatch
+from canal_client.spark_schema import (
+    TypedTable,
+    describe_change,
+    generic_ddl,
+    generic_struct,
+    shape_of,
+    typed_struct,
+)
+from canal_cluster.retry import RetryPolicy
+from canal_protocol import Batch
+from canal_protocol.errors import (
+    CanalError,
+    ConfigError,
+    ReplayMismatch,
+    RetryExhausted,
+    SchemaChanged,
+    UnknownTable,
+)
 
 __all__ = [
     "BinlogPoint",
@@ -110,17 +143,21 @@ __all__ = [
     "Ledger",
     "ProgressProbe",
     "batch_end",
+    "batch_source",
+    "fetch_table",
     "gtid_covers",
     "parse_progress",
+    "point_key",
     "schema_ddl",
+    "table_filter",
 ]
 
 log = logging.getLogger("canal_client.spark")
 
 
 def schema_ddl() -> str:
-    """The source's schema as a Spark DDL string."""
-    return ", ".join(f"`{name}` {kind}" for name, kind in FIELDS)
+    """The map mode's schema as a Spark DDL string."""
+    return generic_ddl()
 
 
 # -- options ----------------------------------------------------------------------------
@@ -168,6 +205,12 @@ class CanalOptions:
     etcd_key_file: str = ""
     etcd_user: str = ""
     etcd_password: str = field(default="", repr=False)
+    table: str = ""  # typed mode: "schema.table"
+
+    @property
+    def table_parts(self) -> tuple[str, str]:
+        schema, _, table = self.table.partition(".")
+        return schema, table
 
     @classmethod
     def parse(cls, opts: Mapping[str, str]) -> CanalOptions:
@@ -184,6 +227,11 @@ class CanalOptions:
         starting = str(opts.get("startingOffsets", "earliest")).strip().lower()
         if starting not in ("earliest", "latest"):
             raise ConfigError("startingOffsets", f"must be earliest or latest, got {starting!r}")
+        table = str(opts.get("table", "")).strip()
+        if table and not re.fullmatch(r"[^.\s]+\.[^\s]+", table):
+            raise ConfigError("table", f"must be schema.table, got {table!r}")
+        if table and str(opts.get("filter", "")).strip():
+            raise ConfigError("filter", "not with 'table': a typed query reads its one table")
         return cls(
             destination=str(opts["destination"]).strip(),
             client_id=str(opts["clientId"]).strip(),
@@ -206,6 +254,7 @@ class CanalOptions:
             etcd_key_file=str(opts.get("etcdKeyFile", "")),
             etcd_user=str(opts.get("etcdUser", "")),
             etcd_password=_secret_option(opts, "etcdPassword", "etcdPasswordFile"),
+            table=table,
         )
 
     def etcd_security(self) -> Any:
@@ -247,13 +296,6 @@ def _secret_option(opts: Mapping[str, str], name: str, file_name: str) -> str:
 # -- the connector the reader needs (canal_client.connector's contract) ---------------------
 
 
-class BatchLike(Protocol):
-    @property
-    def id(self) -> int: ...
-    @property
-    def entries(self) -> Sequence[Any]: ...
-
-
 class ConnectorLike(Protocol):
     @property
     def epoch(self) -> int: ...
@@ -262,15 +304,16 @@ class ConnectorLike(Protocol):
     def connect(self) -> None: ...
     def disconnect(self) -> None: ...
     def subscribe(self, filter: str = "", start: str | None = None) -> None: ...
-    def get_without_ack(self, size: int, timeout_s: float) -> BatchLike: ...
-    def get_batch(self, batch_id: int) -> BatchLike: ...
+    def get_without_ack(self, size: int, timeout_s: float) -> Batch: ...
+    def get_batch(self, batch_id: int) -> Batch: ...
     def ack(self, batch_id: int) -> None: ...
     def rollback(self, batch_id: int | None = None) -> None: ...
     def move_cursor(self, logfile: str, offset: int) -> dict[str, Any] | None: ...
 
 
-def make_connector(options: CanalOptions) -> ConnectorLike:
-    """A ClusterConnector for the options, or the ``connectorFactory`` ("module:function")."""
+def make_connector(options: CanalOptions, lookup: bool = False) -> ConnectorLike:
+    """A ClusterConnector for the options, or the ``connectorFactory`` ("module:function").
+    ``lookup``: for read-only calls (``table``): no rollback on connect, bounded retries."""
     if options.connector_factory:
         module, _, name = options.connector_factory.partition(":")
         factory: Callable[[CanalOptions], ConnectorLike] = getattr(
@@ -279,6 +322,9 @@ def make_connector(options: CanalOptions) -> ConnectorLike:
         return factory(options)
     from canal_client.connector import ClusterConnector
 
+    extra: dict[str, Any] = {}
+    if lookup:
+        extra = {"rollback_on_connect": False, "retry": LOOKUP_RETRY}
     return ClusterConnector(
         options.destination,
         options.client_id,
@@ -286,9 +332,42 @@ def make_connector(options: CanalOptions) -> ConnectorLike:
         servers=list(options.servers) or None,
         token=options.token,
         prefix=options.etcd_prefix,
-        exclusive=options.exclusive,
+        exclusive=options.exclusive and not lookup,
         etcd_security=options.etcd_security(),
+        **extra,
     )
+
+
+LOOKUP_RETRY = RetryPolicy(initial_s=0.2, multiplier=2.0, max_delay_s=2.0, attempts=30)
+
+
+def table_filter(options: CanalOptions) -> str:
+    """The client filter of a query: ``filter``, or exactly the typed mode's table."""
+    if not options.table:
+        return options.filter
+    schema, table = options.table_parts
+    return re.escape(schema) + "\\." + re.escape(table)
+
+
+def fetch_table(options: CanalOptions) -> TypedTable:
+    """The typed mode's table as the leader answers it now (``GET .../tables/{t}``);
+    ``ConfigError`` naming ``table`` when it does not exist or no leader answers."""
+    conn = make_connector(options, lookup=True)
+    lookup = getattr(conn, "table", None)
+    if not callable(lookup):
+        raise ConfigError("table", f"{type(conn).__name__} cannot look tables up")
+    try:
+        conn.connect()
+        answer = lookup(options.table)
+    except UnknownTable as exc:
+        raise ConfigError("table", f"{options.table}: no such table ({exc})") from None
+    except (RetryExhausted, CanalError) as exc:
+        raise ConfigError(
+            "table", f"{options.table}: the destination's leader did not answer its columns: {exc}"
+        ) from None
+    finally:
+        conn.disconnect()
+    return TypedTable.from_wire(answer)
 
 
 # -- availableNow: where the source's binlog ends, how far the leader read ----------------
@@ -314,6 +393,9 @@ def gtid_covers(have: str, want: str) -> bool:
     return bool(wanted) and all(seqs.get(d, -1) >= n for d, n in wanted.items())
 
 
+AFTER_SNAPSHOTS = 1 << 62  # a snapshot ordinal after every real one
+
+
 @dataclass(frozen=True)
 class BinlogPoint:
     """A point of the source's binlog as ``/v1/health`` reports it."""
@@ -326,14 +408,14 @@ class BinlogPoint:
     def parse(cls, d: Any) -> BinlogPoint | None:
         if not isinstance(d, Mapping):
             return None
+        gtid, source = str(d.get("gtid") or ""), str(d.get("source_address") or "")
         try:
-            key = EntryKey.of(str(d.get("journal") or ""), int(d.get("offset") or 0))
+            key = point_key(str(d.get("journal") or ""), int(d.get("offset") or 0), source, gtid)
         except (TypeError, ValueError):
             return None
-        gtid = str(d.get("gtid") or "")
         if not key.file and not gtid:
             return None
-        return cls(key, gtid, str(d.get("source_address") or ""))
+        return cls(key, gtid, source)
 
     def reaches(self, target: BinlogPoint) -> bool:
         """At or after ``target``, by binlog file and offset or by GTID state (the GTID
@@ -343,6 +425,12 @@ class BinlogPoint:
         if self.key.file and target.key.file and self.key >= target.key:
             return True
         return gtid_covers(self.gtid, target.gtid)
+
+    @property
+    def last_key(self) -> EntryKey:
+        """After the point and the incremental snapshot entries put at it (they lie
+        between it and the next binlog event)."""
+        return replace(self.key, snap=AFTER_SNAPSHOTS)
 
     def __str__(self) -> str:
         return f"{self.key} gtid={self.gtid or '-'}"
@@ -401,19 +489,42 @@ class HttpProgress:
             self._channel = None
 
 
+def point_key(
+    journal: str, offset: int, source: str = "", state: str = "", snap: int = 0
+) -> EntryKey:
+    """The key of a position (where the next event starts): after every entry of the
+    transactions a one-domain GTID ``state`` includes, across databases too; ``snap``:
+    after the incremental snapshot's entry of that ordinal at this binlog position."""
+    gtid = state.strip() if gtid_of(state.strip()) is not None else ""
+    return EntryKey.of(journal, offset, source=source, gtid=gtid, sub=UNKNOWN_SUB + 1, snap=snap)
+
+
+def batch_source(batch: Any) -> str:
+    """The database a batch was read from (its ``end``'s identity), "" if not known."""
+    for pos in (getattr(batch, "end", None), getattr(batch, "start", None)):
+        address = str(getattr(pos, "source_address", "") or "")
+        if address:
+            return address
+    return ""
+
+
 def batch_end(batch: Any) -> EntryKey:
     """How far a batch reaches in the binlog: its ``end`` (the last raw event, ones the
     client filter dropped included), else where its last entry ends."""
-    best = MIN_KEY
+    best, source = MIN_KEY, batch_source(batch)
     end: Any = getattr(batch, "end", None)
     journal = str(getattr(end, "journal", "") or "")
     if journal:
         snap = int(getattr(getattr(end, "position", None), "snapshot", 0) or 0)
-        best = EntryKey.of(journal, int(end.offset), snap)
+        best = point_key(
+            journal, int(end.offset), source, str(getattr(end, "gtid", "") or ""), snap
+        )
     for entry in list(batch.entries)[-1:]:
         header = entry.header
-        stop = int(getattr(header, "end_offset", 0) or header.offset)
-        best = max(best, EntryKey.of(str(header.logfile), stop, int(header.snapshot or 0)))
+        get = header.get if isinstance(header, Mapping) else partial(getattr, header)
+        stop = int(get("end_offset", 0) or get("offset", 0))
+        snap = int(get("snapshot", 0) or 0)
+        best = max(best, EntryKey.of(str(get("logfile", "")), stop, source=source, snap=snap))
     return best
 
 
@@ -424,16 +535,40 @@ def batch_end(batch: Any) -> EntryKey:
 class _Item:
     key: EntryKey
     timestamp_ms: int
-    rows: list[Row]
+    rows: int = 0  # Spark rows the entry gives in this query's mode
+    data: memoryview | None = None  # its msgpack bytes, when it gives rows
+    change: str = ""  # typed mode: how its table map differs from the query's schema
+
+
+Classify = Callable[[PackedEntry], tuple[int, str]]  # (Spark rows, schema change or "")
+
+
+def _all_rows(entry: PackedEntry) -> tuple[int, str]:
+    """Map mode: every ROWDATA entry (a DDL is one row)."""
+    if entry.type != "ROWDATA":
+        return 0, ""
+    return (1 if entry.is_ddl else entry.rows if entry.columns else 0), ""
+
+
+def _event(key: EntryKey) -> tuple[str, str, int, int]:
+    """What ``EntryKey.same_event`` compares: the database, binlog place, snapshot ordinal."""
+    return key.source, key.file, key.pos, key.snap
 
 
 @dataclass
 class Ledger:
-    """Entries after ``floor`` in binlog order, and the server batches they came in."""
+    """Entries after ``floor`` in binlog order, and the server batches they came in.
+
+    Each entry's key gets the database of its batch (``source``) and its place in its
+    transaction (``sub``): 0 for a BEGIN, the previous entry's + 1 when that one came
+    just before it from the same database in the same transaction, the known place of
+    an event seen before (an entry still held, or the floor), else unknown (-1)."""
 
     floor: EntryKey = MIN_KEY
     items: list[_Item] = field(default_factory=list)
     batches: list[tuple[int, EntryKey]] = field(default_factory=list)  # fetch order
+    prev: EntryKey | None = None  # the entry that arrived last (kept or not)
+    _places: dict[tuple[str, str, int, int], int] | None = field(default=None, repr=False)
 
     @property
     def top(self) -> EntryKey:
@@ -442,14 +577,49 @@ class Ledger:
     def covers(self, lo: EntryKey, hi: EntryKey) -> bool:
         return self.floor <= lo and hi <= self.top
 
-    def add(self, batch_id: int, entries: Sequence[Any]) -> int:
-        """Append the entries after ``top`` (others were delivered before); count them."""
+    def _place(self, entry: PackedEntry, source: str) -> EntryKey:
+        raw = entry_key(entry)
+        key = replace(raw, source=source)
+        prev, sub = self.prev, -1
+        if entry.type == "TRANSACTIONBEGIN":
+            sub = 0
+        elif key.same_event(self.floor):
+            sub = self.floor.sub
+        elif (known := self._held(key)) is not None:
+            sub = known
+        elif prev is not None and prev.sub >= 0 and raw.gtid and prev.gtid == raw.gtid:
+            sub = prev.sub + 1 if prev.source == source else -1
+        key = replace(key, sub=sub)
+        self.prev = key
+        return key
+
+    def _held(self, key: EntryKey) -> int | None:
+        """The place of the same event among the entries held (a delivery again)."""
+        if not self.items or not key.source or key > self.top:
+            return None
+        if self._places is None:  # after a release or a reset
+            self._places = {_event(i.key): i.key.sub for i in self.items}
+        return self._places.get(_event(key))
+
+    def add(
+        self,
+        batch_id: int,
+        entries: Sequence[PackedEntry],
+        classify: Classify = _all_rows,
+        source: str = "",
+    ) -> int:
+        """Append the entries after ``top`` (others were delivered before); count them.
+        ``source``: the database the batch was read from (its ``end``'s identity)."""
         added, last = 0, MIN_KEY
         for entry in entries:
-            key = entry_key(entry)
+            key = self._place(entry, source)
             last = max(last, key)
             if key > self.top:
-                self.items.append(_Item(key, entry_timestamp_ms(entry), entry_rows(entry)))
+                rows, change = classify(entry)
+                data = entry.data if rows else None
+                self.items.append(_Item(key, entry_timestamp_ms(entry), rows, data, change))
+                if self._places is not None:
+                    self._places[_event(key)] = key.sub
                 added += 1
         self.batches = [b for b in self.batches if b[0] != batch_id] + [(batch_id, last)]
         return added
@@ -466,22 +636,29 @@ class Ledger:
         done = [bid for bid, last in self.batches if last <= upto]
         self.batches = [b for b in self.batches if b[1] > upto]
         self.items = [it for it in self.items if it.key > upto]
+        self._places = None
         self.floor = max(self.floor, upto)
         return done[-1] if done else None
 
-    def reset(self, floor: EntryKey) -> None:
-        self.floor, self.items, self.batches = floor, [], []
+    def reset(self, floor: EntryKey, exact: bool = False) -> None:
+        """Forget everything; ``floor`` is committed. ``exact``: the next entry delivered
+        is the one right after ``floor`` (the cursor was moved to it)."""
+        self.floor, self.items, self.batches, self._places = floor, [], [], None
+        self.prev = floor if exact else None
 
 
 # -- Spark classes ---------------------------------------------------------------------
 
 
 class CanalPartition(InputPartition):
-    """The rows of (part of) one micro-batch, shipped to the Python worker."""
+    """Entries of (part of) one micro-batch as the leader's msgpack bytes, joined:
+    decoded into Arrow by the executor (``read``)."""
 
-    def __init__(self, index: int, rows: list[Row]) -> None:
+    def __init__(self, index: int, data: bytes, count: int, rows: int) -> None:
         super().__init__(index)
-        self.rows = rows
+        self.data = data
+        self.count = count  # entries
+        self.rows = rows  # Spark rows they give
 
 
 class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -492,8 +669,15 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         options: CanalOptions,
         connector_factory: Callable[[CanalOptions], ConnectorLike] = make_connector,
         progress: ProgressProbe | None = None,
+        typed: TypedTable | None = None,
+        schema: StructType | None = None,
     ) -> None:
         self.options = options
+        self.typed = typed  # typed mode: the table as the leader answered it at query start
+        self.schema = schema or (typed_struct(typed) if typed is not None else generic_struct())
+        self._arrow: pa.Schema | None = None
+        self._shapes: dict[tuple[Any, Any], str] = {}  # typed mode: table map -> change
+        self._last_ddl = ""  # typed mode: the last DDL of the table seen (for the error)
         self.ledger = Ledger()
         self._factory = connector_factory
         self._connector: ConnectorLike | None = None
@@ -511,7 +695,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._connector is None:
             conn = self._factory(self.options)
             conn.connect()
-            conn.subscribe(self.options.filter, start=self.options.starting_offsets)
+            conn.subscribe(table_filter(self.options), start=self.options.starting_offsets)
             self._connector, self._epoch = conn, conn.epoch
             log.info("%s: canal source connected to %s", self._what(), conn.leader_url)
         return self._connector
@@ -519,10 +703,49 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _what(self) -> str:
         return f"{self.options.destination}/{self.options.client_id} (epoch {self._epoch})"
 
+    def _take(self, conn: ConnectorLike, timeout_s: float) -> PackedBatch:
+        """get_without_ack as the leader's bytes (a connector returning models: packed)."""
+        packed = getattr(conn, "get_without_ack_packed", None)
+        if callable(packed):
+            batch: PackedBatch = packed(self.options.batch_size, timeout_s)
+            return batch
+        return PackedBatch.of(conn.get_without_ack(self.options.batch_size, timeout_s))
+
+    def _again(self, conn: ConnectorLike, batch_id: int) -> PackedBatch:
+        packed = getattr(conn, "get_batch_packed", None)
+        if callable(packed):
+            batch: PackedBatch = packed(batch_id)
+            return batch
+        return PackedBatch.of(conn.get_batch(batch_id))
+
+    def classify(self, entry: PackedEntry) -> tuple[int, str]:
+        """(Spark rows the entry gives, schema change or ""); see ``_Item``."""
+        table = self.typed
+        if table is None:
+            return _all_rows(entry)
+        h = entry.header
+        if entry.type != "ROWDATA" or (h.get("schema"), h.get("table")) != (
+            table.schema,
+            table.table,
+        ):
+            return 0, ""
+        if entry.is_ddl:
+            self._last_ddl = f"{entry.sql!r} at {h.get('logfile')}:{h.get('offset')}"
+            return 1, ""
+        if entry.columns is None or not entry.rows:
+            return 0, ""
+        names, types, _ = entry.columns
+        change = self._shapes.get((names, types))
+        if change is None:
+            shape = shape_of(names, types)
+            change = "" if shape == table.shape else describe_change(table.shape, shape, types)
+            self._shapes[(names, types)] = change
+        return entry.rows, change
+
     def _fetch(self, timeout_s: float) -> int | None:
         """One get_without_ack into the ledger: how many new entries; None when none came."""
         conn = self._conn()
-        batch = conn.get_without_ack(self.options.batch_size, timeout_s)
+        batch = self._take(conn, timeout_s)
         if conn.epoch != self._epoch:
             log.warning(
                 "%s: leader changed to %s (epoch %d)", self._what(), conn.leader_url, conn.epoch
@@ -530,7 +753,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._epoch = conn.epoch
         if batch.id < 0 or not batch.entries:
             return None
-        added = self.ledger.add(batch.id, batch.entries)
+        added = self.ledger.add(batch.id, batch.entries, self.classify, batch_source(batch))
         self._served = max(self._served, batch_end(batch))
         log.debug("%s: batch %d, %d new entries", self._what(), batch.id, added)
         return added
@@ -553,6 +776,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._fill()
                 pending = self.ledger.between(begin.last, self.ledger.top)
             pending = self._admit(pending, limit)
+        pending = self._same_shape(pending)
         if not pending:
             return start
         last = pending[-1].key
@@ -561,13 +785,34 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ids += [b for b, end in self.ledger.batches if end > last][:1]
         return Offset(begin.total + len(pending), last, tuple(ids)).to_dict()
 
+    def _same_shape(self, pending: list[_Item]) -> list[_Item]:
+        """The entries before the first one of another shape (typed mode); when that one
+        is next, everything before it is committed: stop the query (``SchemaChanged``)."""
+        changed = [i for i, it in enumerate(pending) if it.change]
+        if not changed:
+            return pending
+        if changed[0] > 0:
+            return pending[: changed[0]]
+        item, table = pending[0], self.typed
+        assert table is not None
+        ddl = f" after {self._last_ddl}" if self._last_ddl else ""
+        raise SchemaChanged(
+            f"{table.full_name} changed its columns{ddl}: {item.change}. The rows from "
+            f"{item.key} on have the new shape; the query stopped before them, everything "
+            f"before is committed. What to do: restart the query from its checkpoint; it "
+            f"reads the table's columns again (this query had schema version "
+            f"{table.version or '?'}) and continues with those rows, exactly once. Write it "
+            f"where the new "
+            f"columns fit (or read the table in map mode, without the option 'table')."
+        )
+
     def _fill(self, timeout_s: float | None = None) -> bool:
         """Up to maxBatchesPerTrigger batches with new entries (repeats do not count), the
         first poll waiting ``timeout_s`` (pollTimeoutMs); True when a poll brought nothing."""
         useful = 0
         timeout_s = self.options.poll_timeout_s if timeout_s is None else timeout_s
         while useful < self.options.max_batches_per_trigger:
-            if self._target is not None and self._served >= self._target.key:
+            if self._target is not None and self._served >= self._target.last_key:
                 return False  # availableNow: the rest is not for this run
             added = self._fetch(timeout_s)
             if added is None:
@@ -599,7 +844,10 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             past = self._reader_past  # seen before the poll below
             empty = self._fill(0.0 if held else wait_s)
             pending = self._before(begin, target)
-            if self._served >= target.key or (empty and past == self._conn().epoch):
+            # served up to the target: done once past it, or once a poll found nothing
+            # more (no snapshot entries at its position left in the store)
+            served = self._served >= target.key and (empty or self._served >= target.last_key)
+            if served or (empty and past == self._conn().epoch):
                 log.info("%s: availableNow: everything before %s taken", self._what(), target)
                 return pending
             if pending:
@@ -616,9 +864,10 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return []
 
     def _before(self, begin: Offset, target: BinlogPoint) -> list[_Item]:
-        return [
-            it for it in self.ledger.between(begin.last, self.ledger.top) if it.key < target.key
-        ]
+        """The entries before the target, and an incremental snapshot's entries at its
+        position (put once the binlog reached it, before any later binlog event)."""
+        limit = target.last_key
+        return [it for it in self.ledger.between(begin.last, self.ledger.top) if it.key < limit]
 
     def _hold_back(self, begin: Offset, pending: list[_Item]) -> list[_Item]:
         """All but the entries of the last server batch when they came in several."""
@@ -646,14 +895,26 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         log.info("%s: %s %s: reading again from the cursor", self._what(), why, key)
         conn = self._conn()
         conn.rollback()
-        self.ledger.reset(key)
         self._served, self._reader_past = MIN_KEY, None
-        if key > MIN_KEY:
-            self._commit_through(conn, key)
+        exact = key > MIN_KEY and self._commit_through(conn, key)
+        self.ledger.reset(key, exact)
 
-    def _commit_through(self, conn: ConnectorLike, key: EntryKey) -> None:
+    def _commit_through(self, conn: ConnectorLike, key: EntryKey) -> bool:
         """Move the client's cursor through ``key`` (a committed entry this ledger did not
-        take: a restarted driver, a replay); an older node only logs it."""
+        take: a restarted driver, a replay); True when it is right after ``key`` now. Not
+        when the leader reads another database than ``key``'s (a database switch: its
+        file and offset mean nothing there; the entries up to it are read again and
+        recognised by GTID); an older node only logs it."""
+        if key.source:
+            progress = self._probe(conn)
+            reader = progress.reader if progress is not None else None
+            if reader is None or reader.source != key.source:
+                log.info(
+                    "%s: the leader reads %s, %s came from %s: the cursor stays, the entries "
+                    "up to it are read again and skipped", self._what(),
+                    reader.source if reader is not None else "(unknown)", key, key.source,
+                )  # fmt: skip
+                return False
         try:
             cursor = conn.move_cursor(key.file, key.pos)
         except CanalError as exc:
@@ -661,22 +922,32 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "%s: the leader cannot move the cursor through %s (%s): the entries up to "
                 "it are read again and skipped", self._what(), key, exc,
             )  # fmt: skip
-            return
+            return False
         pos = (cursor or {}).get("position") or {}
         at = f"{pos.get('journal')}:{pos.get('offset')}" if pos else "unset"
         log.info("%s: committed through %s, the cursor is at %s", self._what(), key, at)
+        if key.snap:  # the cursor stops before a snapshot's entries at its offset
+            return False
+        return key.end >= 0 and (pos.get("journal"), pos.get("offset")) == (key.file, key.end)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[CanalPartition]:
         begin, stop = Offset.from_dict(start), Offset.from_dict(end)
         if stop.total <= begin.total:
             return []
-        items = self._range(begin, stop)
-        rows = [row for it in items for row in it.rows]
-        size = self.options.rows_per_partition
-        return [
-            CanalPartition(i, rows[at : at + size])
-            for i, at in enumerate(range(0, len(rows), size))
-        ]
+        items = [it for it in self._range(begin, stop) if it.data is not None]
+        parts: list[CanalPartition] = []
+        group: list[_Item] = []
+        total = sum(it.rows for it in items)
+        count = -(-total // self.options.rows_per_partition)  # partitions of even size
+        rows, size = 0, -(-total // max(1, count))
+        for it in items:
+            group.append(it)
+            rows += it.rows
+            if rows >= size or it is items[-1]:
+                data = b"".join(g.data for g in group if g.data is not None)
+                parts.append(CanalPartition(len(parts), data, len(group), rows))
+                group, rows = [], 0
+        return parts
 
     def _range(self, begin: Offset, stop: Offset) -> list[_Item]:
         if not self.ledger.covers(begin.last, stop.last) and not self._refetch(begin, stop):
@@ -697,7 +968,8 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         conn, trial = self._conn(), Ledger(floor=begin.last)
         try:
             for batch_id in stop.batches:
-                trial.add(batch_id, conn.get_batch(batch_id).entries)
+                again = self._again(conn, batch_id)
+                trial.add(batch_id, again.entries, self.classify, batch_source(again))
         except CanalError as exc:
             log.info("%s: planned batches not outstanding any more (%s)", self._what(), exc)
             return False
@@ -718,9 +990,14 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
             self._fetch(self.options.poll_timeout_s or 1.0)
 
-    def read(self, partition: InputPartition) -> Iterator[Row]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """On the executor: the partition's entries decoded into one Arrow RecordBatch."""
         assert isinstance(partition, CanalPartition)
-        yield from partition.rows
+        if self._arrow is None:
+            self._arrow = to_arrow_schema(self.schema, timezone="UTC")  # as PySpark checks
+        batch = record_batch(partition.data, partition.count, self._arrow, self.typed)
+        if batch.num_rows:
+            yield batch
 
     def commit(self, end: dict[str, Any]) -> None:
         self._settle(Offset.from_dict(end).last)
@@ -769,13 +1046,26 @@ class CanalDataSource(DataSource):
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         self.parsed = CanalOptions.parse(options)
+        self.typed: TypedTable | None = None
 
     @classmethod
     def name(cls) -> str:
         return "canal"
 
-    def schema(self) -> str:
-        return schema_ddl()
+    def schema(self) -> StructType:
+        """Map mode: ``generic_struct()``; typed mode: the table's columns, asked of the
+        destination's leader now (kept: this object is pickled after this call)."""
+        if not self.parsed.table:
+            return generic_struct()
+        self.typed = fetch_table(self.parsed)
+        log.info(
+            "%s: typed stream of %s, schema version %s: %s",
+            self.parsed.destination, self.typed.full_name, self.typed.version,
+            ", ".join(f"{n} {k}" for n, k in self.typed.shape),
+        )  # fmt: skip
+        return typed_struct(self.typed)
 
     def streamReader(self, schema: StructType) -> CanalStreamReader:
-        return CanalStreamReader(self.parsed)
+        if self.parsed.table and self.typed is None:  # a schema given by the user
+            self.typed = fetch_table(self.parsed)
+        return CanalStreamReader(self.parsed, typed=self.typed, schema=schema)

@@ -14,10 +14,13 @@ One Spark row per changed row (``FIELDS`` in order):
 * ``(logfile, offset, row_index)`` identifies a change: the binlog event and the row in
   it.
 
-Entries are ordered by their **key** ``(logfile, offset)`` (the event's start in the
-binlog of the database the destination reads), which is also how the source recognises
-entries a server delivers twice. An **offset** of the source is the JSON dict
-``{"v": 1, "total": n, "last": {"file": f, "pos": p}, "batches": [ids]}``: ``total``
+Entries are ordered by their **key** (``EntryKey``): ``(logfile, offset)``, the event's
+start in the binlog of the database the destination reads, and across a database switch
+(another database, other binlog names) the entry's GTID and place in its transaction.
+It is also how the source recognises entries a server delivers twice. An **offset** of
+the source is the JSON dict
+``{"v": 1, "total": n, "last": {"file": f, "pos": p, ...}, "batches": [ids]}`` (``last``
+also has the key's ``source``, ``gtid``, ``sub``, ``end`` and ``snap`` when known): ``total``
 entries since the query began, the key of the last of them, and the server batches
 they came in (the batch ids are a hint for re-fetching; the key and the count are what
 makes a replay exact).
@@ -41,6 +44,7 @@ __all__ = [
     "entry_key",
     "entry_rows",
     "entry_timestamp_ms",
+    "gtid_of",
     "value_text",
 ]
 
@@ -65,37 +69,103 @@ Row = tuple[Any, ...]
 _SEQ = re.compile(r"\.(\d+)$")
 
 
-@dataclass(frozen=True, order=True)
+_GTID = re.compile(r"^(\d+)-(\d+)-(\d+)$")
+UNKNOWN_SUB = 1 << 30  # an entry's unknown place in its transaction sorts after the known
+
+
+def gtid_of(gtid: str) -> tuple[int, int] | None:
+    """``"0-1-42"`` → (domain, sequence number); None for anything else."""
+    m = _GTID.match(gtid)
+    return (int(m.group(1)), int(m.group(3))) if m else None
+
+
+@dataclass(frozen=True)
 class EntryKey:
-    """Stream order of an entry: (file base name, file number, event start), then ``snap``,
-    the ordinal of an incremental snapshot's entries put at that position (0 otherwise)."""
+    """Where an entry is: binlog order on one database; GTID order across two.
+
+    ``(file, pos)`` is the event's start in the binlog of ``source`` (host:port of the
+    database it was read from, "" when not known), then ``snap``, the ordinal of an
+    incremental snapshot's entries put at that position (0 for binlog entries; READ
+    entries of one chunk share a binlog position). Two keys of the same (or an unknown)
+    source compare in that order. Keys of two databases (a database switch: other
+    binlog names and offsets) compare by their transaction's GTID sequence number (same
+    GTID domain), ``sub``, the entry's place in its transaction (0: its BEGIN; -1:
+    unknown, after the known ones), and ``snap``; without GTIDs they fall back to binlog
+    order. ``end`` is where the next event starts (-1: unknown).
+    """
 
     base: str
     number: int
     pos: int
     file: str
+    source: str = ""
+    gtid: str = ""
+    sub: int = -1
+    end: int = -1
     snap: int = 0
 
     @classmethod
-    def of(cls, file: str, pos: int, snap: int = 0) -> EntryKey:
+    def of(cls, file: str, pos: int, **place: Any) -> EntryKey:
         m = _SEQ.search(file)
         if m is None:
-            return cls(file, -1, pos, file, snap)
-        return cls(file[: m.start()], int(m.group(1)), pos, file, snap)
+            return cls(file, -1, pos, file, **place)
+        return cls(file[: m.start()], int(m.group(1)), pos, file, **place)
+
+    def _orders(self, other: EntryKey) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        if self.source and other.source and self.source != other.source:
+            mine, theirs = gtid_of(self.gtid), gtid_of(other.gtid)
+            if mine is not None and theirs is not None and mine[0] == theirs[0]:
+                return (
+                    (mine[1], self.sub if self.sub >= 0 else UNKNOWN_SUB, self.snap),
+                    (theirs[1], other.sub if other.sub >= 0 else UNKNOWN_SUB, other.snap),
+                )
+        return (
+            (self.base, self.number, self.pos, self.snap),
+            (other.base, other.number, other.pos, other.snap),
+        )
+
+    def __lt__(self, other: EntryKey) -> bool:
+        a, b = self._orders(other)
+        return a < b
+
+    def __le__(self, other: EntryKey) -> bool:
+        a, b = self._orders(other)
+        return a <= b
+
+    def __gt__(self, other: EntryKey) -> bool:
+        a, b = self._orders(other)
+        return a > b
+
+    def __ge__(self, other: EntryKey) -> bool:
+        a, b = self._orders(other)
+        return a >= b
+
+    def same_event(self, other: EntryKey) -> bool:
+        """The same binlog event (or snapshot entry) of the same database."""
+        return (self.source, self.file, self.pos, self.snap) == (
+            other.source, other.file, other.pos, other.snap,
+        )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"file": self.file, "pos": self.pos}
-        if self.snap:
-            out["snap"] = self.snap
+        for name, unset in (("source", ""), ("gtid", ""), ("sub", -1), ("end", -1), ("snap", 0)):
+            if getattr(self, name) != unset:
+                out[name] = getattr(self, name)
         return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EntryKey:
-        return cls.of(str(d["file"]), int(d["pos"]), int(d.get("snap", 0)))
+        return cls.of(
+            str(d["file"]), int(d["pos"]), source=str(d.get("source", "")),
+            gtid=str(d.get("gtid", "")), sub=int(d.get("sub", -1)), end=int(d.get("end", -1)),
+            snap=int(d.get("snap", 0)),
+        )  # fmt: skip
 
     def __str__(self) -> str:
+        if not self.file:
+            return "(start)"
         snap = f"+r{self.snap}" if self.snap else ""
-        return f"{self.file}:{self.pos}{snap}" if self.file else "(start)"
+        return f"{self.file}:{self.pos}{snap}" + (f" ({self.gtid})" if self.gtid else "")
 
 
 MIN_KEY = EntryKey.of("", 0)
@@ -138,12 +208,13 @@ def _text(value: Any) -> str:
 
 
 def entry_key(entry: Any) -> EntryKey:
+    """The key of an entry from its header (no source, place in its transaction unknown)."""
     header = _get(entry, "header")
     return EntryKey.of(
-        str(_get(header, "logfile", "")),
-        int(_get(header, "offset", 0)),
-        int(_get(header, "snapshot", 0) or 0),
-    )
+        str(_get(header, "logfile", "")), int(_get(header, "offset", 0)),
+        gtid=str(_get(header, "gtid", "") or ""), end=int(_get(header, "end_offset", -1)),
+        snap=int(_get(header, "snapshot", 0) or 0),
+    )  # fmt: skip
 
 
 def entry_timestamp_ms(entry: Any) -> int:

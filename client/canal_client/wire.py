@@ -39,6 +39,7 @@ from canal_protocol.errors import (
     UnexpectedResponse,
     UnknownBatch,
     UnknownDestination,
+    UnknownTable,
 )
 
 __all__ = [
@@ -171,6 +172,8 @@ def error_for(response: httpx.Response) -> CanalError:
             return NotSubscribed(f"{where}: {message}")
         if "destination" in code:
             return UnknownDestination(f"{where}: {message}")
+        if "table" in code:
+            return UnknownTable(str(body.get("field") or "table"), f"{where}: {message}")
         if "batch" in code or status == 409 or "/batches/" in where:
             return UnknownBatch(f"{where}: {message}")
         return UnexpectedResponse(f"{where}: {status} {message}")
@@ -220,14 +223,16 @@ class HttpChannel:
         follow_redirects: bool = False,
         extra_timeout_s: float = 0.0,
         tuples: bool = False,
+        raw: bool = False,
     ) -> Reply:
         """One call; ``extra_timeout_s`` extends the read timeout (long polls);
-        ``tuples``: msgpack arrays as tuples."""
+        ``tuples``: msgpack arrays as tuples; ``raw``: the body's bytes as they came
+        (``Reply.body`` is bytes; needs the msgpack wire)."""
         url = base_url
         for _ in range(MAX_REDIRECTS + 1):
             response = self._send(method, url + path, body, extra_timeout_s)
             if response.status_code != 307:
-                return self._reply(response, url, tuples)
+                return self._reply(response, url, tuples, raw)
             leader = self._leader_of(response)
             if not follow_redirects:
                 raise Redirected(leader, _epoch(response.headers))
@@ -269,8 +274,15 @@ class HttpChannel:
         return base_url_of(leader) if "/v1/" in leader else leader.rstrip("/")
 
     @staticmethod
-    def _reply(response: httpx.Response, url: str, tuples: bool = False) -> Reply:
+    def _reply(
+        response: httpx.Response, url: str, tuples: bool = False, raw: bool = False
+    ) -> Reply:
         if response.status_code >= 300:
             raise error_for(response)
+        if raw:
+            ctype = response.headers.get("content-type", "")
+            if MSGPACK not in ctype:
+                raise UnexpectedResponse(f"{response.request.url}: {ctype!r}, not msgpack")
+            return Reply(response.content, False, _epoch(response.headers), url)
         body, b64 = _decode(response, tuples)
         return Reply(body, b64, _epoch(response.headers), url)

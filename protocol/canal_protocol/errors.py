@@ -23,7 +23,7 @@
     │   ├── BatchUnavailable        an outstanding batch's entries are not (yet) stored (503)
     │   ├── StartUnavailable        a new subscription's start is not known yet (503)
     │   ├── InvalidArgument         a bad argument; names the field (400)
-    │   │   └── UnknownTable        a snapshot's tables match no table (404)
+    │   │   └── UnknownTable        no such table; a snapshot's regex matches none (404)
     │   ├── UnknownSnapshot         no such incremental snapshot (404)
     │   ├── SnapshotConflict        a table is in a running snapshot, or it has ended (409)
     │   ├── Unauthorized            no or bad bearer token (401)
@@ -39,7 +39,8 @@
         ├── LeaderUnavailable       503 / no leader known yet (``retry_after_s``)
         ├── StaleLeader             a reply carried a lower epoch than one already seen
         ├── UnexpectedResponse      a reply the client cannot use (status, body, redirects)
-        └── ReplayMismatch          (Spark source) a replayed micro-batch differs from its plan
+        ├── ReplayMismatch          (Spark source) a replayed micro-batch differs from its plan
+        └── SchemaChanged           (Spark source) a typed stream's table changed its columns
 
 Later packages add their own subclasses of ``CanalError`` here, so that one
 ``except CanalError`` catches every deliberate failure of the project.
@@ -73,6 +74,7 @@ __all__ = [
     "SandboxError",
     "SandboxStartError",
     "SandboxStateError",
+    "SchemaChanged",
     "ServerError",
     "ServerUnreachable",
     "SnapshotConflict",
@@ -189,7 +191,9 @@ class InvalidArgument(ServerError):
 
 
 class UnknownTable(InvalidArgument):
-    """A snapshot names tables that do not exist (no table matches a regex)."""
+    """No such table (404 ``unknown_table``): the destination's database has no table of
+    that name (the tables route), or a snapshot's regex matches none; ``field`` names the
+    input."""
 
 
 class UnknownSnapshot(ServerError):
@@ -284,3 +288,8 @@ class UnexpectedResponse(ClientError):
 
 class ReplayMismatch(ClientError):
     """The Spark source could not rebuild a planned micro-batch exactly (count or range)."""
+
+
+class SchemaChanged(ClientError):
+    """A typed Spark stream met rows of its table with other columns than the query's
+    schema (an ALTER TABLE): the message names the table, the change and what to do."""

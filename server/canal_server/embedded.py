@@ -424,15 +424,21 @@ class EmbeddedServer:
     def _scan(
         self, state: _ClientState, after: _Pointer, size: int
     ) -> tuple[list[StoredEvent], list[Entry]]:
-        """Raw events after ``after`` until ``size`` entries pass the client filter."""
+        """Raw events after ``after`` until ``size`` entries pass the client filter. They
+        are of one database: a database switch (another source) starts the next batch, so
+        a batch's ``start`` and ``end`` name the database of all its entries."""
         raw: list[StoredEvent] = []
         out: list[Entry] = []
         narrower = None if state.filter.passes_everything else state.filter.narrower()
-        while len(out) < size and len(raw) < self.store.buffer_size:
+        switched = False
+        while len(out) < size and len(raw) < self.store.buffer_size and not switched:
             chunk = self.store.get(after, size - len(out))
             if not chunk:
                 break
             for ev in chunk:
+                if raw and ev.position.identity != raw[0].position.identity:
+                    switched = True
+                    break
                 raw.append(ev)
                 out.extend([ev.entry] if narrower is None else narrower.feed(ev.entry))
                 if len(out) >= size:

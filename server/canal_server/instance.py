@@ -48,6 +48,7 @@ from canal_protocol.errors import (
     BinlogConfigError,
     BinlogError,
     CoordinatorUnavailable,
+    InvalidArgument,
     PositionNotFound,
     PurgedPosition,
     StartUnavailable,
@@ -91,6 +92,7 @@ from canal_server.parse.reader import (
 from canal_server.sink import EventSink
 from canal_server.snapshot import Snapshots, SnapshotTerm
 from canal_server.store import EventStore
+from canal_server.table_schema import TableSchema, query_table
 
 __all__ = [
     "BINLOG_END_TTL_S",
@@ -464,6 +466,21 @@ class Instance:
             )
             checked = self._binlog_end.check(dsn)
         return {"reachable": checked.reachable, "address": checked.address, "error": checked.error}
+
+    def table_schema(self, schema: str, table: str) -> TableSchema:
+        """A table's columns from ``information_schema`` of the database the current term
+        reads (the configured master off term); see ``canal_server.table_schema``.
+        ``InvalidArgument("table")`` for a ``local.dir`` destination: it has no database."""
+        if self.config.local is not None:
+            raise InvalidArgument(
+                "table",
+                f"{self.config.name} reads binlog files from {self.config.local.dir} "
+                "(local.dir): there is no database whose information_schema could give a "
+                "table's columns; read it in map mode (without the Spark option 'table')",
+            )
+        term = self._term
+        dsn = term.reader.source if term is not None else dsn_of(self.config, self.config.master)
+        return query_table(dsn, schema, table)
 
     def store_stats(self) -> tuple[int, int]:
         term = self._term

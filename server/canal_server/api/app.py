@@ -41,6 +41,7 @@ from canal_server.api import (
     routes_destinations,
     routes_docs,
     routes_node,
+    routes_tables,
 )
 from canal_server.api import models as m
 from canal_server.api.access import Access
@@ -70,6 +71,7 @@ def create_app(node: Node) -> FastAPI:
     app.include_router(routes_docs.router)
     app.include_router(routes_node.router)
     app.include_router(routes_destinations.router)
+    app.include_router(routes_tables.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_console.router)
     # snapshots change the cluster: admin tokens only

@@ -47,11 +47,13 @@ from canal_server.instance import Role
 from canal_server.node import Node
 
 __all__ = [
+    "DestLead",
     "Lead",
     "LeaderLookup",
     "TokenGrant",
     "bearer",
     "check_token",
+    "destination_lookup",
     "in_thread",
     "leader_lookup",
     "node_of",
@@ -135,7 +137,7 @@ class LeaderLookup:
         503 while none is usable; 400/404 for a bad id or an unknown destination."""
         d, node = self.destination, node_of(self.request)
         validate_id(d, "destination")
-        if self.client_id:  # destination-wide routes (snapshots) name no client
+        if self.client_id:  # "" for destination-wide routes (snapshots, DestLead)
             Keys().client_prefix(d, self.client_id)  # InvalidArgument("client_id")
         serving = node.instance(d).serving()
         if serving is not None:
@@ -222,6 +224,13 @@ async def leader_lookup(
 
 
 Lead = Annotated[LeaderLookup, Depends(leader_lookup)]
+
+
+async def destination_lookup(request: Request, destination: str = DestPath) -> LeaderLookup:
+    return LeaderLookup(request, destination, "")
+
+
+DestLead = Annotated[LeaderLookup, Depends(destination_lookup)]  # routes without a client
 
 
 def _too_large() -> ApiError:

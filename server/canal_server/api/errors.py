@@ -24,6 +24,7 @@ from canal_protocol.errors import (
     StoreError,
     UnknownBatch,
     UnknownDestination,
+    UnknownTable,
 )
 from canal_server.api.encoding import encode
 
@@ -68,6 +69,8 @@ def api_error_of(exc: BaseException, destination: str = "", op: str = "") -> Api
     """The answer for a canal-ha exception (None: not one the API maps). ``op`` "get":
     an unknown batch is 404 (a re-fetch), else 409 (an ack or rollback)."""
     match exc:
+        case UnknownTable():  # an InvalidArgument: before it
+            return ApiError(404, "unknown_table", str(exc), field=exc.field)
         case InvalidArgument():
             return ApiError(400, "invalid_argument", str(exc), field=exc.field)
         case UnknownDestination():

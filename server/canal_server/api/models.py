@@ -58,6 +58,8 @@ __all__ = [
     "StepDownRequest",
     "SubscriptionOut",
     "SubscriptionRequest",
+    "TableColumnOut",
+    "TableOut",
     "UnsubscribeOut",
 ]
 
@@ -238,6 +240,30 @@ class RollbackOut(BaseModel):
 
 class CursorOut(BaseModel):
     cursor: Position | None
+
+
+class TableColumnOut(BaseModel):
+    name: str
+    mysql_type: str = Field(
+        description="the entries' notation (`columns.mysql_types`): `int unsigned`, "
+        "`decimal(30,10)`, `varchar(40)`, `datetime(6)`, `enum('a','b')`; JSON is `longtext`"
+    )
+    column_type: str = Field(description="information_schema.COLUMNS.COLUMN_TYPE as is")
+    nullable: bool
+    is_key: bool = Field(description="part of the primary key")
+
+
+class TableOut(BaseModel):
+    destination: str
+    schema_: str = Field(alias="schema")
+    table: str
+    version: str = Field(
+        description="hash of the column names and mysql_types: changes with every ALTER "
+        "that adds, drops, renames, reorders or retypes a column"
+    )
+    columns: list[TableColumnOut] = Field(description="in table order")
+    primary_key: list[str] = Field(description="the primary key's columns in key order")
+    source_address: str = Field(description="host:port of the database asked")
 
 
 class ReaderOut(BaseModel):

@@ -1,0 +1,227 @@
+"""The Spark part of the benchmark, in its own process: one SparkSession (local[2]) runs
+
+1. ``canal``: the canal source (map mode, every table) → parquet, available-now;
+2. ``canal_typed``: a typed stream of one table → parquet, available-now;
+3. ``jvm_range``: Spark's own ``range`` → rows of the same shape (the map mode's
+   schema, the same number of rows) → parquet;
+4. ``python_arrow``: a Python data source yielding the rows ``canal`` wrote, from
+   memory, as Arrow record batches → parquet.
+
+A streaming run's rate is its **steady state**: the rows of every micro-batch after the
+first over the time from the end of the first micro-batch to the end of the last
+(``StreamingQueryProgress`` timestamps); the first micro-batch is reported separately
+(from ``start()`` to its end). The anchors are batch writes: rows over wall time.
+Prints one JSON object (the last line of its output).
+
+    python benchmarks/spark_job.py --server URL --destination D --workdir DIR \\
+        --table bench.orders [--option key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
+
+from canal_client.spark import CanalDataSource
+from canal_client.spark_schema import generic_struct
+
+ANCHOR_ROWS_PER_PARTITION = 10_000
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--server", required=True)
+    p.add_argument("--typed-server", required=True, help="a node of its own for the typed run")
+    p.add_argument("--destination", required=True)
+    p.add_argument("--workdir", required=True, type=Path)
+    p.add_argument("--table", required=True, help="schema.table of the typed run")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--master", default="local[2]")
+    return p.parse_args(argv)
+
+
+def session(master: str) -> SparkSession:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("canal-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        # Python workers start slowly on a busy machine (the default wait is 15 s)
+        .config("spark.python.authenticate.socketTimeout", "120s")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    spark.dataSource.register(CanalDataSource)
+    spark.dataSource.register(MemoryArrowSource)
+    return spark
+
+
+def _end_s(progress: dict[str, Any]) -> float:
+    started = datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp()
+    return started + float(progress["batchDuration"]) / 1000
+
+
+def stream(
+    spark: SparkSession, args: argparse.Namespace, name: str, server: str, **extra: str
+) -> dict[str, Any]:
+    """One available-now canal query into parquet: rows, first micro-batch, steady state."""
+    out, ckpt = args.workdir / name, args.workdir / f"{name}-ckpt"
+    reader = spark.readStream.format("canal").option("server", server)
+    reader = reader.option("destination", args.destination).option("clientId", f"bench-{name}")
+    for item in args.option:
+        key, _, value = item.partition("=")
+        reader = reader.option(key, value)
+    for key, value in extra.items():
+        reader = reader.option(key, value)
+    t0 = time.time()
+    query = (
+        reader.load().writeStream.format("parquet").option("path", str(out))
+        .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start()
+    )  # fmt: skip
+    query.awaitTermination()
+    wall = time.time() - t0
+    if query.exception() is not None:
+        raise SystemExit(f"{name}: {query.exception()}")
+    progress = query.recentProgress
+    batches = [p for p in progress if p["numInputRows"] > 0]
+    if not batches:
+        raise SystemExit(f"{name}: no rows in {len(progress)} micro-batches: {progress[-3:]}")
+    rows = sum(int(p["numInputRows"]) for p in batches)
+    first_end = _end_s(batches[0])
+    steady_rows = rows - int(batches[0]["numInputRows"])
+    steady_s = _end_s(batches[-1]) - first_end
+    return {
+        "rows": rows, "micro_batches": len(batches), "wall_s": round(wall, 3),
+        "first_batch_s": round(first_end - t0, 3),
+        "first_batch_rows": int(batches[0]["numInputRows"]),
+        "steady_rows": steady_rows, "steady_s": round(steady_s, 3),
+        "rows_per_s": steady_rows / steady_s if steady_s > 0 else 0.0,
+        "output": str(out),
+        "batches": [
+            {"rows": int(p["numInputRows"]), "ms": int(p["batchDuration"]),
+             **{k: int(v) for k, v in p["durationMs"].items()
+                if k in ("latestOffset", "addBatch", "walCommit", "commitOffsets")}}
+            for p in batches
+        ],
+    }  # fmt: skip
+
+
+def jvm_range(spark: SparkSession, rows: int, out: Path) -> dict[str, Any]:
+    """``range`` → the map mode's schema (seven text values per image) → parquet."""
+    after = (
+        "map('id', cast(id as string), 'qty', cast(id % 1000 as string),"
+        " 'big', cast(id * 1000003 as string), 'price', cast(cast(id / 100 as decimal(12,2))"
+        " as string), 'name', concat('name-', id, '-', repeat('x', cast(id % 20 as int))),"
+        " 'created', '2024-01-01T00:00:00.123456', 'payload', base64(unhex(sha2(cast(id as"
+        " string), 256))))"
+    )
+    df = spark.range(rows).selectExpr(
+        "'bench' AS schema", "'orders' AS table", "'INSERT' AS event_type", "false AS is_ddl",
+        "CAST(NULL AS STRING) AS sql", "'0-1-1' AS gtid", "'mariadb-bin.000002' AS logfile",
+        "id * 100 AS offset", "CAST(id % 90 AS INT) AS row_index", "CAST(1 AS BIGINT) AS server_id",
+        "TIMESTAMP'2024-01-01 00:00:00' AS commit_ts",
+        "CAST(NULL AS MAP<STRING,STRING>) AS before", f"{after} AS after",
+        "concat('{\"id\":\"', id, '\"}') AS primary_key",
+    )  # fmt: skip
+    t0 = time.time()
+    df.write.mode("overwrite").parquet(str(out))
+    seconds = time.time() - t0
+    return {"rows": rows, "seconds": round(seconds, 3), "rows_per_s": rows / seconds}
+
+
+class _ArrowPartition(InputPartition):
+    def __init__(self, index: int, path: str) -> None:
+        super().__init__(index)
+        self.path = path
+
+
+class _MemoryReader(DataSourceReader):
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def partitions(self) -> list[InputPartition]:
+        files = sorted(Path(self.path).glob("*.arrow"))
+        return [_ArrowPartition(i, str(f)) for i, f in enumerate(files)]
+
+    def read(self, partition: InputPartition) -> Any:
+        assert isinstance(partition, _ArrowPartition)
+        yield from pa.ipc.open_stream(pa.memory_map(partition.path))
+
+
+class MemoryArrowSource(DataSource):
+    """Arrow IPC files (``stage_rows``), memory-mapped: rows yielded from memory."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "memory_arrow"
+
+    def schema(self) -> StructType:
+        return generic_struct()
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _MemoryReader(self.options["path"])
+
+
+def stage_rows(source: str, into: Path) -> int:
+    """The rows ``canal`` wrote as Arrow IPC files of the source's schema, read once
+    (page cache) so that the timed run reads them from memory; how many."""
+    target = to_arrow_schema(generic_struct(), timezone="UTC")
+    table = pq.read_table(source).select(target.names).cast(target)
+    into.mkdir(parents=True, exist_ok=True)
+    for i, batch in enumerate(table.to_batches(ANCHOR_ROWS_PER_PARTITION)):
+        path = into / f"{i:05d}.arrow"
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, batch.schema) as w:
+            w.write_batch(batch)
+        path.read_bytes()
+    return int(table.num_rows)
+
+
+def python_arrow(spark: SparkSession, source: str, rows: int, work: Path) -> dict[str, Any]:
+    staged = stage_rows(source, work / "python_arrow_in")
+    if staged != rows:
+        raise SystemExit(f"python_arrow: {staged} rows staged, not {rows}")
+    df = spark.read.format("memory_arrow").option("path", str(work / "python_arrow_in")).load()
+    t0 = time.time()
+    df.write.mode("overwrite").parquet(str(work / "python_arrow"))
+    seconds = time.time() - t0
+    written = spark.read.parquet(str(work / "python_arrow")).count()
+    if written != rows:
+        raise SystemExit(f"python_arrow wrote {written} rows, not {rows}")
+    return {"rows": rows, "seconds": round(seconds, 3), "rows_per_s": rows / seconds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t0 = time.time()
+    spark = session(args.master)
+    result: dict[str, Any] = {"session_start_s": round(time.time() - t0, 3)}
+    canal = stream(spark, args, "canal", args.server)
+    result["canal"] = canal
+    result["canal_typed"] = stream(spark, args, "canal_typed", args.typed_server, table=args.table)
+    result["jvm_range"] = jvm_range(spark, canal["rows"], args.workdir / "jvm_range")
+    result["python_arrow"] = python_arrow(spark, canal["output"], canal["rows"], args.workdir)
+    spark.stop()
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,395 @@
+"""Entries → ``pyarrow.RecordBatch`` on the executors (the Spark source's ``read``).
+
+A partition carries the entries' msgpack bytes as the leader sent them
+(``canal_client.packed``); ``record_batch(data, count, schema, table)`` decodes them
+and builds one RecordBatch in the source's Arrow schema (``to_arrow_schema`` of the
+Spark schema, exactly what PySpark checks), column by column: the values of a column
+are gathered over every row of the partition and converted once by Arrow (integers,
+DECIMAL text → decimal128, ISO text → timestamps and dates in C).
+
+Map mode gives the rows of ``canal_client.spark_rows.entry_rows`` (same values, same
+text). Typed mode (``table``): see ``canal_client.spark_schema``; only the table's rows
+and DDL entries give rows; a zero date is null and its text goes to ``raw``.
+"""
+
+from __future__ import annotations
+
+import binascii
+import json
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from canal_client.packed import iter_entries
+from canal_client.spark_rows import value_text
+from canal_client.spark_schema import TypedTable, describe_change, shape_of
+from canal_protocol.entry import is_binary_type
+from canal_protocol.errors import SchemaChanged, UnexpectedResponse
+
+__all__ = ["RowsBuilder", "record_batch", "time_micros"]
+
+_TOP = (
+    "schema", "table", "event_type", "is_ddl", "sql", "gtid", "logfile", "offset",
+    "row_index", "server_id", "commit_ts",
+)  # fmt: skip
+_TIME = re.compile(r"^(-)?(\d+):(\d\d):(\d\d)(?:\.(\d{1,6}))?$")
+_ZERO_DATE = re.compile(r"^(\d{4})-(\d\d)-(\d\d)")
+
+
+def time_micros(text: str) -> int:
+    """``[-]HHH:MM:SS[.ffffff]`` (MariaDB TIME) as signed microseconds."""
+    m = _TIME.match(text)
+    if m is None:
+        raise ValueError(f"{text!r} is not a TIME value")
+    sign, h, mi, s, frac = m.groups()
+    micros = ((int(h) * 60 + int(mi)) * 60 + int(s)) * 1_000_000 + int((frac or "0").ljust(6, "0"))
+    return -micros if sign else micros
+
+
+def _is_zero_date(text: str) -> bool:
+    m = _ZERO_DATE.match(text)
+    return m is not None and (m.group(1) == "0000" or m.group(2) == "00" or m.group(3) == "00")
+
+
+def _castable(text: str, to: pa.DataType) -> bool:
+    try:
+        pa.array([text], pa.string()).cast(to)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+def _text(v: Any) -> str:
+    return v if type(v) is str else str(v)
+
+
+def _b64(v: Any) -> str:
+    return binascii.b2a_base64(v, newline=False).decode("ascii")
+
+
+def _json_value(v: Any, binary: bool) -> str:
+    if v is None:
+        return "null"
+    text = _b64(v) if binary else _text(v)
+    return '"' + text + '"' if type(v) is int else json.dumps(text, ensure_ascii=False)
+
+
+def _key_texts(cols: Any, images: Sequence[Sequence[Any]]) -> list[str | None]:
+    """``primary_key`` of each image: compact JSON of the key columns, values as text."""
+    keys, names, types = cols["keys"], cols["names"], cols["mysql_types"]
+    idx = [i for i, k in enumerate(keys) if k]
+    if not idx:
+        return [None] * len(images)
+    prefix = [json.dumps(names[i], ensure_ascii=False) + ":" for i in idx]
+    binary = [is_binary_type(types[i]) for i in idx]
+    if len(idx) == 1 and not binary[0]:
+        i, head = idx[0], "{" + prefix[0]
+        return [head + _json_value(r[i], False) + "}" for r in images]
+    parts = list(zip(prefix, idx, binary, strict=True))
+    return ["{" + ",".join(p + _json_value(r[i], b) for p, i, b in parts) + "}" for r in images]
+
+
+class _Images:
+    """The ``before``/``after`` columns of a partition (map or struct)."""
+
+    def add(self, cols: Any, before: Sequence[Any], after: Sequence[Any], n: int) -> None:
+        raise NotImplementedError
+
+    def add_null(self, n: int) -> None:
+        raise NotImplementedError
+
+    def arrays(self, types: tuple[pa.DataType, pa.DataType]) -> tuple[pa.Array, pa.Array]:
+        raise NotImplementedError
+
+
+_INT_TYPES = re.compile(r"^(tiny|small|medium|big)?int( unsigned)?$|^year$|^bit\((\d+)\)$")
+_STR_TYPES = re.compile(
+    r"^(var)?char\(|^(tiny|medium|long)?text$|^enum\(|^set\(|^decimal\(|^date$|^(date)?time"
+    r"|^timestamp"
+)
+_TAKE: dict[tuple[int, int], pa.Array] = {}  # (rows, width) -> row-major take indices
+
+
+def _text_way(mysql_type: str) -> pa.DataType | str:
+    """How a column's values become map text: an Arrow type to cast from, or ``b64``/
+    ``py`` (Python, ``value_text``)."""
+    m = _INT_TYPES.match(mysql_type)
+    if m:
+        wide = "unsigned" in mysql_type or (m.group(3) is not None and int(m.group(3)) == 64)
+        return pa.uint64() if wide else pa.int64()
+    if _STR_TYPES.match(mysql_type):
+        return pa.string()
+    return "b64" if is_binary_type(mysql_type) else "py"
+
+
+def _column_text(values: Sequence[Any], way: pa.DataType | str) -> pa.Array:
+    """One column's values as text (``value_text``'s), computed by Arrow where it can."""
+    try:
+        if isinstance(way, pa.DataType):
+            array = pa.array(values, way)
+            return array if way == pa.string() else array.cast(pa.string())
+        if way == "b64":
+            return pa.array([None if v is None else _b64(v) for v in values], pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+        pass  # not of the declared type: value by value
+    return pa.array([value_text(v) for v in values], pa.string())
+
+
+def _row_major(columns: list[pa.Array], rows: int) -> pa.Array:
+    """The values of ``columns`` (each ``rows`` long) row after row."""
+    width = len(columns)
+    take = _TAKE.get((rows, width))
+    if take is None:
+        take = pa.array([c * rows + r for r in range(rows) for c in range(width)], pa.int32())
+        if len(_TAKE) > 4096:
+            _TAKE.clear()
+        _TAKE[(rows, width)] = take
+    return pa.concat_arrays(columns).take(take)
+
+
+class _MapImages(_Images):
+    """Map mode: each image a map of column name → text, built per entry by Arrow."""
+
+    def __init__(self) -> None:
+        self.keys: tuple[list[str], list[str]] = ([], [])
+        self.values: tuple[list[pa.Array], list[pa.Array]] = ([], [])
+        self.offsets: tuple[list[int], list[int]] = ([0], [0])
+        self.nulls: tuple[list[bool], list[bool]] = ([], [])
+        self.primary: list[pa.Array] = []
+        self._ways: dict[tuple[str, ...], list[pa.DataType | str]] = {}
+
+    def add(self, cols: Any, before: Sequence[Any], after: Sequence[Any], n: int) -> None:
+        names, types = cols["names"], cols["mysql_types"]
+        ways = self._ways.get(types)
+        if ways is None:
+            ways = self._ways[types] = [_text_way(t) for t in types]
+        for side, images in enumerate((before, after)):
+            offsets, nulls = self.offsets[side], self.nulls[side]
+            if not images:
+                offsets.extend([offsets[-1]] * n)
+                nulls.extend([True] * n)
+                continue
+            columns = [
+                _column_text(values, way)
+                for values, way in zip(zip(*images, strict=True), ways, strict=True)
+            ]
+            self.values[side].append(_row_major(columns, len(images)))
+            self.keys[side].extend(names * len(images))
+            last, width = offsets[-1], len(names)
+            offsets.extend(range(last + width, last + width * (len(images) + 1), width))
+            nulls.extend([False] * n)
+        # a DELETE's key: its before image
+        self.primary.append(pa.array(_key_texts(cols, after or before), pa.string()))
+
+    def add_null(self, n: int) -> None:
+        for side in (0, 1):
+            self.offsets[side].extend([self.offsets[side][-1]] * n)
+            self.nulls[side].extend([True] * n)
+        self.primary.append(pa.nulls(n, pa.string()))
+
+    def arrays(self, types: tuple[pa.DataType, pa.DataType]) -> tuple[pa.Array, pa.Array]:
+        out = []
+        for side in (0, 1):
+            chunks = self.values[side]
+            values = pa.concat_arrays(chunks) if chunks else pa.array([], pa.string())
+            out.append(
+                pa.MapArray.from_arrays(
+                    pa.array(self.offsets[side], pa.int32()),
+                    pa.array(self.keys[side], pa.string()),
+                    values,
+                    type=types[side],
+                    mask=pa.array(self.nulls[side], pa.bool_()),
+                )
+            )
+        return out[0], out[1]
+
+    def primary_keys(self) -> pa.Array:
+        return pa.concat_arrays(self.primary) if self.primary else pa.array([], pa.string())
+
+
+class _StructImages(_Images):
+    def __init__(self, table: TypedTable) -> None:
+        self.table = table
+        width = len(table.columns)
+        self.values: tuple[list[list[Any]], list[list[Any]]] = (
+            [[] for _ in range(width)],
+            [[] for _ in range(width)],
+        )
+        self.nulls: tuple[list[bool], list[bool]] = ([], [])
+        self.raw: dict[int, list[tuple[str, str]]] = {}  # row -> (side.column, text)
+        self._shapes: dict[tuple[Any, Any], bool] = {}
+
+    def _check(self, cols: Any, where: str) -> None:
+        names, types = tuple(cols["names"]), tuple(cols["mysql_types"])
+        ok = self._shapes.get((names, types))
+        if ok is None:
+            ok = self._shapes[(names, types)] = shape_of(names, types) == self.table.shape
+        if not ok:
+            change = describe_change(self.table.shape, shape_of(names, types), types)
+            raise SchemaChanged(
+                f"{self.table.full_name} at {where}: {change}; restart the query from its "
+                "checkpoint to read the table's new columns"
+            )
+
+    def add(self, cols: Any, before: Sequence[Any], after: Sequence[Any], n: int) -> None:
+        for side, images in enumerate((before, after)):
+            columns, nulls = self.values[side], self.nulls[side]
+            if images:
+                for column, values in zip(columns, zip(*images, strict=True), strict=True):
+                    column.extend(values)
+                nulls.extend([False] * n)
+            else:
+                empty = [None] * n
+                for column in columns:
+                    column.extend(empty)
+                nulls.extend([True] * n)
+
+    def add_null(self, n: int) -> None:
+        self.add({}, (), (), n)
+
+    def arrays(self, types: tuple[pa.DataType, pa.DataType]) -> tuple[pa.Array, pa.Array]:
+        out = []
+        for side, label in ((0, "before"), (1, "after")):
+            struct: pa.StructType = types[side]
+            pairs = enumerate(zip(self.table.columns, self.values[side], strict=True))
+            children = [
+                self._convert(values, c.kind, struct.field(i).type, f"{label}.{c.name}")
+                for i, (c, values) in pairs
+            ]
+            fields = [struct.field(i) for i in range(struct.num_fields)]
+            mask = pa.array(self.nulls[side], pa.bool_())
+            out.append(pa.StructArray.from_arrays(children, fields=fields, mask=mask))
+        return out[0], out[1]
+
+    def _convert(self, values: list[Any], kind: str, to: pa.DataType, label: str) -> pa.Array:
+        try:
+            if kind in ("date", "datetime", "timestamp"):
+                return self._temporal(values, to, label)
+            if kind == "u64":
+                return pa.array(values, pa.uint64()).cast(to)
+            if kind.startswith("decimal("):
+                return pa.array(values, pa.string()).cast(to)
+            if kind == "time":
+                micros = [None if v is None else time_micros(v) for v in values]
+                return pa.array(micros, to)
+            if kind == "set":
+                members = [None if v is None else (v.split(",") if v else []) for v in values]
+                return pa.array(members, to)
+            return pa.array(values, to)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError, OverflowError) as exc:
+            raise UnexpectedResponse(
+                f"{self.table.full_name} {label}: a value does not fit {to} ({exc})"
+            ) from None
+
+    def _temporal(self, values: list[Any], to: pa.DataType, label: str) -> pa.Array:
+        texts = pa.array(values, pa.string())
+        try:
+            return texts.cast(to)
+        except pa.ArrowInvalid:
+            pass
+        kept: list[Any] = []
+        for row, v in enumerate(values):
+            if v is not None and (_is_zero_date(v) or not _castable(v, to)):
+                self.raw.setdefault(row, []).append((label, v))
+                kept.append(None)
+            else:
+                kept.append(v)
+        return pa.array(kept, pa.string()).cast(to)
+
+    def raw_array(self, rows: int, to: pa.DataType) -> pa.Array:
+        return pa.array([self.raw.get(i) for i in range(rows)], to)
+
+
+class RowsBuilder:
+    """The rows of a partition, gathered column by column (see the module docstring)."""
+
+    def __init__(self, schema: pa.Schema, table: TypedTable | None = None) -> None:
+        self.schema = schema
+        self.table = table
+        self.top: dict[str, list[Any]] = {name: [] for name in _TOP if name != "row_index"}
+        self.row_index: list[int] = []
+        self.entry_of_row: list[int] = []  # the entry (index into ``top``) of each row
+        self.keys: list[str | None] = []
+        self.images: _Images = _StructImages(table) if table is not None else _MapImages()
+        self.rows = 0
+
+    def _wants(self, header: Any) -> bool:
+        t = self.table
+        return t is None or (header.get("schema") == t.schema and header.get("table") == t.table)
+
+    def _top(self, h: Any, n: int, is_ddl: bool, sql: str | None) -> None:
+        """The entry's header fields, once per entry (``finish`` repeats them per row)."""
+        top, entry = self.top, len(self.top["offset"])
+        for name in ("schema", "table", "event_type", "gtid", "logfile"):
+            top[name].append(str(h.get(name, "")))
+        top["is_ddl"].append(is_ddl)
+        top["sql"].append(sql)
+        top["offset"].append(int(h.get("offset", 0)))
+        top["server_id"].append(int(h.get("server_id", 0)))
+        top["commit_ts"].append(int(h.get("timestamp_ms", 0)) * 1000)
+        self.row_index.extend(range(n))
+        self.entry_of_row.extend([entry] * n)
+        self.rows += n
+
+    def add(self, entry: Any) -> None:
+        if entry.get("type") != "ROWDATA":
+            return
+        h = entry.get("header") or {}
+        if not self._wants(h):
+            return
+        if entry.get("is_ddl"):
+            self._top(h, 1, True, str(entry.get("sql") or ""))
+            if isinstance(self.images, _StructImages):
+                self.keys.append(None)
+            self.images.add_null(1)
+            return
+        cols = entry.get("columns")
+        before, after = entry.get("before") or (), entry.get("after") or ()
+        n = max(len(before), len(after))
+        if n == 0 or cols is None:
+            return
+        if isinstance(self.images, _StructImages):
+            self.images._check(cols, f"{h.get('logfile')}:{h.get('offset')}")
+            key_images = before if h.get("event_type") == "DELETE" or not after else after
+            self.keys.extend(_key_texts(cols, key_images))  # a DELETE's: its before image
+        self._top(h, n, False, None)
+        self.images.add(cols, before, after, n)
+
+    def finish(self) -> pa.RecordBatch:
+        schema = self.schema
+        rows = pa.array(self.entry_of_row, pa.int32())
+        arrays = [
+            pa.array(self.row_index, schema.field(name).type)
+            if name == "row_index"
+            else pa.array(self.top[name], schema.field(name).type).take(rows)
+            for name in _TOP
+        ]
+        before, after = self.images.arrays(
+            (schema.field("before").type, schema.field("after").type)
+        )
+        if isinstance(self.images, _MapImages):
+            arrays += [before, after, self.images.primary_keys()]
+        else:
+            arrays += [before, after, pa.array(self.keys, schema.field("primary_key").type)]
+            assert isinstance(self.images, _StructImages)
+            arrays.append(self.images.raw_array(self.rows, schema.field("raw").type))
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def record_batch(
+    data: bytes, count: int, schema: pa.Schema, table: TypedTable | None = None
+) -> pa.RecordBatch:
+    """The rows of ``count`` joined entries (``PackedEntry.data``) as one RecordBatch."""
+    builder = RowsBuilder(schema, table)
+    for entry in iter_entries(data, count):
+        builder.add(entry)
+    return builder.finish()
+
+
+def record_batches(
+    chunks: Iterable[tuple[bytes, int]], schema: pa.Schema, table: TypedTable | None = None
+) -> Iterable[pa.RecordBatch]:
+    for data, count in chunks:
+        yield record_batch(data, count, schema, table)

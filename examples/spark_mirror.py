@@ -1,0 +1,235 @@
+"""Keep a copy of source tables in parquet: a mirror, exactly once, from typed streams.
+
+    python examples/spark_mirror.py --etcd http://127.0.0.1:2379 --destination example \\
+        --client-id mirror --table shop.orders --table shop.customers \\
+        --output /tmp/mirror --checkpoint /tmp/mirror-ckpt --trigger available-now
+
+One typed query per table (``.option("table", ...)``, client id ``<client-id>.<table>``,
+checkpoint ``<checkpoint>/<table>``). Each micro-batch is applied with ``foreachBatch``:
+the latest change per primary key wins (binlog order), INSERT/UPDATE (and READ, the
+snapshot's rows) upsert the after image, DELETE removes the key, TRUNCATE and DROP
+empty the table. The new state is written as a new version directory
+``<output>/<table>/v=<batch id>`` and then made current by replacing the file
+``<output>/<table>/_current`` (an atomic rename); a replayed micro-batch whose version
+is already current is skipped, so a crash anywhere gives the same mirror. Older
+versions are deleted (the previous one is kept). Read a mirror with ``read_mirror``
+(or the directory named in ``_current``). Every version is a full copy of the table:
+fine for tables that fit a micro-batch's rewrite; larger ones want a table format
+with MERGE (Delta, Iceberg).
+
+After an ALTER TABLE the query stops (``SchemaChanged``); run the job again: the typed
+stream reads the new columns and the mirror's older rows get them (null when added,
+cast when retyped, gone when dropped). ``--trigger available-now`` applies what the
+destination has and exits; ``--trigger 5s`` runs until Ctrl-C. At the end it prints
+the rows of each mirror.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from canal_client.spark import CanalDataSource, CanalOptions, fetch_table
+
+CURRENT = "_current"
+EMPTYING = ("TRUNCATE", "ERASE")  # DDL rows after which the table is empty
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--etcd", help="comma-separated etcd endpoints")
+    where.add_argument("--server", help="comma-separated canal-ha node URLs")
+    p.add_argument("--destination", required=True)
+    p.add_argument("--client-id", required=True, help="prefix of each table's client id")
+    p.add_argument("--table", action="append", required=True, help="schema.table (repeat)")
+    p.add_argument("--output", required=True, help="mirror directory")
+    p.add_argument("--checkpoint", required=True, help="Spark checkpoint directory")
+    p.add_argument("--trigger", default="available-now", help="available-now or e.g. 5s")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--master", default="local[2]")
+    return p.parse_args(argv)
+
+
+def session(master: str) -> SparkSession:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("canal-mirror")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        # Python workers start slowly on a busy machine (the default wait is 15 s)
+        .config("spark.python.authenticate.socketTimeout", "120s")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    spark.dataSource.register(CanalDataSource)
+    return spark
+
+
+# -- the mirror's versions -----------------------------------------------------------------
+
+
+def current_version(table_dir: Path) -> int | None:
+    """The batch id whose version is current (None: no version yet)."""
+    try:
+        return int((table_dir / CURRENT).read_text().strip().removeprefix("v="))
+    except FileNotFoundError:
+        return None
+
+
+def read_mirror(spark: SparkSession, output: str, table: str) -> DataFrame | None:
+    """The current state of a mirrored table (None before its first version)."""
+    version = current_version(Path(output) / table)
+    if version is None:
+        return None
+    return spark.read.parquet(str(Path(output) / table / f"v={version}"))
+
+
+def _publish(table_dir: Path, batch_id: int) -> None:
+    tmp = table_dir / f".{CURRENT}.tmp"
+    tmp.write_text(f"v={batch_id}\n")
+    os.replace(tmp, table_dir / CURRENT)  # atomic: the version is current, or not yet
+    for old in table_dir.glob("v=*"):
+        if int(old.name[2:]) < batch_id - 1:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+# -- applying a micro-batch ----------------------------------------------------------------
+
+
+def conform(state: DataFrame, image: StructType) -> DataFrame:
+    """The state in the image's columns: added ones null, retyped ones cast."""
+    have = set(state.columns)
+    return state.select(
+        [
+            (F.col(f.name) if f.name in have else F.lit(None)).cast(f.dataType).alias(f.name)
+            for f in image.fields
+        ]
+    )
+
+
+def apply_changes(
+    changes: DataFrame, state: DataFrame | None, keys: list[str], image: StructType
+) -> DataFrame:
+    """The state after a micro-batch of typed rows (``_seq``: their binlog order)."""
+    emptied = changes.where(F.col("is_ddl") & F.col("event_type").isin(*EMPTYING))
+    last_empty = emptied.agg(F.max("_seq")).first()
+    cut = last_empty[0] if last_empty is not None else None
+    rows = changes.where(~F.col("is_ddl"))
+    if cut is not None:
+        rows, state = rows.where(F.col("_seq") > cut), None
+    row_image = F.coalesce(F.col("after"), F.col("before"))
+    keyed = rows.select(
+        "_seq", "event_type", "after", *[row_image[k].alias(f"_k_{k}") for k in keys]
+    )
+    newest = Window.partitionBy(*[f"_k_{k}" for k in keys]).orderBy(F.col("_seq").desc())
+    latest = keyed.withColumn("_n", F.row_number().over(newest)).where("_n = 1")
+    upserts = latest.where(F.col("event_type") != "DELETE").select("after.*")
+    if state is None:
+        return upserts
+    touched = latest.select(*[F.col(f"_k_{k}").alias(k) for k in keys])
+    kept = conform(state, image).join(touched, on=keys, how="left_anti")
+    return kept.unionByName(upserts)
+
+
+class Mirror:
+    """The ``foreachBatch`` function of one table's query."""
+
+    def __init__(self, spark: SparkSession, output: str, table: str, keys: list[str]) -> None:
+        self.spark, self.table, self.keys = spark, table, keys
+        self.dir = Path(output) / table
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        current = current_version(self.dir)
+        if current is not None and current >= batch_id:
+            print(f"{self.table} batch {batch_id}: already applied (v={current})", flush=True)
+            return
+        image = batch.schema["after"].dataType
+        assert isinstance(image, StructType)
+        changes = batch.withColumn("_seq", F.monotonically_increasing_id()).persist()
+        try:
+            n = changes.count()
+            if n == 0 and current is not None:
+                return
+            state = read_mirror(self.spark, str(self.dir.parent), self.table)
+            new = apply_changes(changes, state, self.keys, image)
+            new.write.mode("overwrite").parquet(str(self.dir / f"v={batch_id}"))
+        finally:
+            changes.unpersist()
+        _publish(self.dir, batch_id)
+        print(f"{self.table} batch {batch_id}: {n} changes applied (v={batch_id})", flush=True)
+
+
+# -- the job ------------------------------------------------------------------------------
+
+
+def source_options(args: argparse.Namespace, table: str) -> dict[str, str]:
+    opts = {
+        "etcd" if args.etcd else "server": args.etcd or args.server,
+        "destination": args.destination,
+        "clientId": f"{args.client_id}.{table}",
+        "table": table,
+    }
+    for item in args.option:
+        key, _, value = item.partition("=")
+        opts[key] = value
+    return opts
+
+
+def start_query(spark: SparkSession, args: argparse.Namespace, table: str) -> Any:
+    opts = source_options(args, table)
+    keys = list(fetch_table(CanalOptions.parse(opts)).primary_key)
+    if not keys:
+        raise SystemExit(f"{table} has no primary key: a mirror needs one")
+    df = spark.readStream.format("canal").options(**opts).load()
+    writer = df.writeStream.foreachBatch(Mirror(spark, args.output, table, keys))
+    writer = writer.option("checkpointLocation", str(Path(args.checkpoint) / table))
+    if args.trigger == "available-now":
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=args.trigger.replace("s", " seconds"))
+    return writer.queryName(f"mirror {table}").start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    spark = session(args.master)
+    queries = [start_query(spark, args, table) for table in args.table]
+    try:
+        while any(q.isActive for q in queries) and not any(q.exception() for q in queries):
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    for q in queries:
+        q.stop()  # one failed (or Ctrl-C): stop the others too
+    failed = [
+        f"{table}: {q.exception()}"
+        for table, q in zip(args.table, queries, strict=True)
+        if q.exception() is not None
+    ]
+    for table in args.table:
+        state = read_mirror(spark, args.output, table)
+        count = state.count() if state is not None else 0
+        print(f"mirror {table}: {count} rows (v={current_version(Path(args.output) / table)})")
+    spark.stop()
+    if failed:
+        raise SystemExit("query failed: " + "; ".join(failed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
