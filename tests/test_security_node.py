@@ -145,7 +145,13 @@ def _client_args(sb: SecureBox) -> list[str]:
 def _every_route_body(node: NodeProc, token: str) -> list[str]:
     """The body of every operation the node's OpenAPI lists (ids filled in), with the
     right token and with a wrong one, plus /openapi.json itself."""
-    fill = {"destination": DEST, "client_id": "leak-check", "batch_id": "1", "snapshot_id": "s1"}
+    fill = {
+        "destination": DEST,
+        "client_id": "leak-check",
+        "batch_id": "1",
+        "snapshot_id": "s1",
+        "table": "sec.t",
+    }
     bodies: list[str] = []
     with node.client(headers={"Authorization": f"Bearer {token}"}) as c:
         spec = c.get("/openapi.json")
