@@ -6,7 +6,8 @@ The browser test: the page (served by a standby) shows the leader; after a SIGKI
 the leader it shows the new leader and epoch without a reload; a visit without the
 admin token cannot act (disabled buttons, and the server answers 401 to a wrong token);
 with the token a rollback, a snapshot and a step-down work. It saves a screenshot of the
-live cluster to ``docs/console.png`` (shown in the README).
+live cluster (into its temp dir; ``CANAL_CONSOLE_SCREENSHOT=docs/console.png`` makes the
+README's picture).
 """
 
 from __future__ import annotations
