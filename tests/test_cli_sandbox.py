@@ -111,8 +111,13 @@ def test_demo_writes_reads_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if proc.poll() is None:  # the test failed early: let the demo stop its consumer
+            proc.send_signal(signal.SIGINT)  # (its own session: a SIGKILL would leave it)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
             run_cli("down", "--workdir", str(workdir))
     text = out.read_text()
     assert rc == 0, text
