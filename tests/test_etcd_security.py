@@ -10,9 +10,7 @@ naming the setting, never a hang; a token etcd forgot is fetched again.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -20,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tls_fixtures import Pki, enable_etcd_auth, make_pki, server_tls
+from tls_fixtures import Pki, enable_etcd_auth, make_pki, run_cli, server_tls
 
 from canal_client.connector import ClusterConnector
 from canal_cluster.coordinator import WatchEvent, WatchEventType
@@ -233,11 +231,7 @@ def test_spark_connector_fails_at_connect_naming_its_option(secure_etcd: SecureE
 
 
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
-    return subprocess.run(
-        [sys.executable, "-m", "canal_ha.cli", *args], capture_output=True, text=True,
-        timeout=BOUND_S * 2, env={**base, **env},
-    )  # fmt: skip
+    return run_cli(args, env, BOUND_S * 2)
 
 
 def _etcd_args(secure_etcd: SecureEtcd) -> list[str]:

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import secrets
 import subprocess
-import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 from node_fixtures import NodeProc, start_nodes, wait_leader
-from tls_fixtures import Pki, enable_etcd_auth, make_pki, server_tls
+from tls_fixtures import Pki, enable_etcd_auth, make_pki, run_cli, server_tls
 
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import STATE_FILE, Sandbox
@@ -126,11 +124,7 @@ def _db_section(sb: SecureBox, password_file: Path, **tls: Any) -> dict[str, Any
 
 
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
-    return subprocess.run(
-        [sys.executable, "-m", "canal_ha.cli", *args], capture_output=True, text=True,
-        timeout=BOUND_S * 2, env={**base, **env},
-    )  # fmt: skip
+    return run_cli(args, env, BOUND_S * 2)
 
 
 def _client_args(sb: SecureBox) -> list[str]:

@@ -6,7 +6,8 @@ certificates (``client``: CN canal-node; ``root``: CN root, etcd's admin under
 ``--client-cert-auth``; ``db``: CN canal, for MariaDB's REQUIRE X509) and a second CA
 with a ``rogue`` client certificate etcd must refuse. ``server_tls(pki)`` is the
 sandbox's ``ServerTls``; ``enable_etcd_auth`` adds a root user, a role limited to a
-prefix and a user holding it, then turns auth on.
+prefix and a user holding it, then turns auth on. ``run_cli`` runs ``canal-ha`` with the
+``ETCD*`` variables of the environment removed (etcdctl's, which would leak into the test).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from canal_ha.sandbox import EtcdCluster, ServerTls
 
-__all__ = ["Pair", "Pki", "enable_etcd_auth", "etcdctl", "make_pki", "server_tls"]
+__all__ = ["Pair", "Pki", "enable_etcd_auth", "etcdctl", "make_pki", "run_cli", "server_tls"]
 
 ROOT_PASSWORD = "root-pw-for-tests"
 _OPENSSL_TIMEOUT_S = 60
@@ -124,3 +126,14 @@ def enable_etcd_auth(
         etcdctl(cluster, pki, "user", "add", f"{name}:{password}")
         etcdctl(cluster, pki, "user", "grant-role", name, f"{name}-role")
     etcdctl(cluster, pki, "auth", "enable")
+
+
+def run_cli(
+    args: list[str], env: dict[str, str], timeout_s: float
+) -> subprocess.CompletedProcess[str]:
+    """``canal-ha ARGS`` with ``env`` added and every ``ETCD*`` variable removed, bounded."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+    return subprocess.run(
+        [sys.executable, "-m", "canal_ha.cli", *args], capture_output=True, text=True,
+        timeout=timeout_s, env={**base, **env},
+    )  # fmt: skip
