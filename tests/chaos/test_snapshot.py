@@ -82,36 +82,44 @@ def _finish(run: ChaosRun, snapshot_id: str, dup_window_s: float) -> None:
     _assert_applied_state(run, run.writer.db_lost_keys() if run.writer else set())
 
 
-@pytest.mark.chaos
-def test_snapshot_leader_sigkill_mid_snapshot(sandbox: Sandbox, chaos_run: MakeRun) -> None:
-    run = chaos_run(sandbox).start(3, prefill=PREFILL, destination=SNAPSHOT)
+def _fault_mid_snapshot(run: ChaosRun, fault: Callable[[ChaosRun], None]) -> str:
+    """A consumer, a snapshot half read by it, then ``fault``; the snapshot's id."""
     run.start_consumer("c1")
     run.wait_consumers_ready()
     snapshot_id = _start_snapshot(run)
     _wait_reads(run, PREFILL // 2)
+    fault(run)
+    return snapshot_id
+
+
+def _kill_leader(run: ChaosRun) -> None:
     leader = run.leader()
     run.fault(f"SIGKILL {leader.id} mid-snapshot")
     leader.kill()
     run.leader(exclude=[leader])
     run.wait_delivered_after(time.time())
     leader.restart()
-    _finish(run, snapshot_id, WINDOW_S)
 
 
-@pytest.mark.chaos
-def test_snapshot_leader_sigstop_past_ttl(sandbox: Sandbox, chaos_run: MakeRun) -> None:
-    run = chaos_run(sandbox).start(3, prefill=PREFILL, destination=SNAPSHOT)
-    run.start_consumer("c1")
-    run.wait_consumers_ready()
-    snapshot_id = _start_snapshot(run)
-    _wait_reads(run, PREFILL // 2)
+def _pause_leader(run: ChaosRun) -> None:
     zombie = run.leader()
     run.fault(f"SIGSTOP {zombie.id} mid-snapshot")
     zombie.pause()
     run.leader(exclude=[zombie])
     run.wait_delivered_after(time.time())
     zombie.resume()
-    _finish(run, snapshot_id, WINDOW_S)
+
+
+@pytest.mark.chaos
+def test_snapshot_leader_sigkill_mid_snapshot(sandbox: Sandbox, chaos_run: MakeRun) -> None:
+    run = chaos_run(sandbox).start(3, prefill=PREFILL, destination=SNAPSHOT)
+    _finish(run, _fault_mid_snapshot(run, _kill_leader), WINDOW_S)
+
+
+@pytest.mark.chaos
+def test_snapshot_leader_sigstop_past_ttl(sandbox: Sandbox, chaos_run: MakeRun) -> None:
+    run = chaos_run(sandbox).start(3, prefill=PREFILL, destination=SNAPSHOT)
+    _finish(run, _fault_mid_snapshot(run, _pause_leader), WINDOW_S)
 
 
 @pytest.mark.chaos
@@ -127,16 +135,15 @@ def test_snapshot_primary_killed_replica_promoted(
         "detecting": {"enable": True, "interval_s": 0.5, "retry_threshold": 2, "timeout_s": 1.0},
     }
     run = chaos_run(box).start(3, prefill=PREFILL, destination=destination)
-    run.start_consumer("c1")
-    run.wait_consumers_ready()
-    assert run.writer is not None
     replica.wait_caught_up(box.primary)
-    snapshot_id = _start_snapshot(run)
-    _wait_reads(run, PREFILL // 2)
-    run.fault("MariaDB primary SIGKILL mid-snapshot, replica promoted")
-    box.primary.kill()
-    replica.promote()
-    run.writer.retarget(replica)
-    wait_until(lambda: run.writer is not None and run.writer.errors > 0, "writer noticed", 30)
-    run.wait_delivered_after(time.time(), timeout_s=90)
-    _finish(run, snapshot_id, 5 + 2.0)
+
+    def promote(run: ChaosRun) -> None:
+        assert run.writer is not None
+        run.fault("MariaDB primary SIGKILL mid-snapshot, replica promoted")
+        box.primary.kill()
+        replica.promote()
+        run.writer.retarget(replica)
+        wait_until(lambda: run.writer is not None and run.writer.errors > 0, "writer noticed", 30)
+        run.wait_delivered_after(time.time(), timeout_s=90)
+
+    _finish(run, _fault_mid_snapshot(run, promote), 5 + 2.0)
