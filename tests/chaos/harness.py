@@ -264,6 +264,40 @@ class ChaosRun:
         log.info("chaos %s: fault %s", self.name, kind)
         return now
 
+    # -- faults used by several scenarios ---------------------------------------------------
+
+    def kill_leader(self, note: str = "") -> NodeProc:
+        """SIGKILL the leader, wait for another and for delivery, restart the old one."""
+        leader = self.leader()
+        self.fault(f"SIGKILL {leader.id}{note}")
+        leader.kill()
+        self.leader(exclude=[leader])
+        self.wait_delivered_after(time.time())
+        leader.restart()
+        return leader
+
+    def pause_leader_past_ttl(self, note: str = "") -> tuple[NodeProc, NodeProc]:
+        """SIGSTOP the leader until another one delivers, then SIGCONT it: (zombie, new)."""
+        zombie = self.leader()
+        self.fault(f"SIGSTOP {zombie.id}{note}")
+        zombie.pause()
+        new = self.leader(exclude=[zombie])
+        self.wait_delivered_after(time.time())
+        zombie.resume()
+        return zombie, new
+
+    def promote_replica(self, note: str = "") -> None:
+        """SIGKILL the MariaDB primary, promote the replica, move the writer to it and
+        wait for delivery of changes written there."""
+        assert self.writer is not None
+        writer, replica = self.writer, self.box.replica
+        self.fault(f"MariaDB primary SIGKILL{note}, replica promoted")
+        self.box.primary.kill()
+        replica.promote()
+        writer.retarget(replica)
+        wait_until(lambda: writer.errors > 0, "writer noticed", 30)
+        self.wait_delivered_after(time.time(), timeout_s=90)
+
     def streams(self) -> dict[str, list[BatchSeen | AckSeen]]:
         out: dict[str, list[BatchSeen | AckSeen]] = {}
         for (dest, client), runs in self.consumers.items():

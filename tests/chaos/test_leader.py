@@ -17,13 +17,8 @@ WINDOW_S = FLUSH_S + 1.0  # one flush period of acks, plus an ack in flight
 
 
 def _kill_leader(run: ChaosRun) -> None:
-    leader = run.leader()
     run.wait_delivered_after(time.time())
-    run.fault(f"SIGKILL {leader.id}")
-    leader.kill()
-    run.leader(exclude=[leader])
-    run.wait_delivered_after(time.time())
-    leader.restart()
+    run.kill_leader()
 
 
 @pytest.mark.chaos
@@ -54,14 +49,9 @@ def test_zombie_leader_neither_serves_nor_writes(sandbox: Sandbox, chaos_run: Ma
     run = chaos_run(sandbox).start(3)
     run.start_consumer("c1")
     run.wait_consumers_ready()
-    zombie = run.leader()
     run.wait_delivered_after(time.time())
-    old_epoch = zombie.health()["destinations"][DEST]["epoch"]  # type: ignore[index]
-    run.fault(f"SIGSTOP {zombie.id}")
-    zombie.pause()
-    new = run.leader(exclude=[zombie])
-    run.wait_delivered_after(time.time())
-    zombie.resume()
+    old_epoch = run.leader().health()["destinations"][DEST]["epoch"]  # type: ignore[index]
+    zombie, new = run.pause_leader_past_ttl()
     # At once after SIGCONT, before its monitor thread runs: it must not hand out batches.
     with zombie.client() as http:
         r = http.post(

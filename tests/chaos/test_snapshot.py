@@ -6,7 +6,6 @@ applied in the order received) must equal the tables at the end."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -82,7 +81,7 @@ def _finish(run: ChaosRun, snapshot_id: str, dup_window_s: float) -> None:
     _assert_applied_state(run, run.writer.db_lost_keys() if run.writer else set())
 
 
-def _fault_mid_snapshot(run: ChaosRun, fault: Callable[[ChaosRun], None]) -> str:
+def _fault_mid_snapshot(run: ChaosRun, fault: Callable[[ChaosRun], object]) -> str:
     """A consumer, a snapshot half read by it, then ``fault``; the snapshot's id."""
     run.start_consumer("c1")
     run.wait_consumers_ready()
@@ -92,34 +91,18 @@ def _fault_mid_snapshot(run: ChaosRun, fault: Callable[[ChaosRun], None]) -> str
     return snapshot_id
 
 
-def _kill_leader(run: ChaosRun) -> None:
-    leader = run.leader()
-    run.fault(f"SIGKILL {leader.id} mid-snapshot")
-    leader.kill()
-    run.leader(exclude=[leader])
-    run.wait_delivered_after(time.time())
-    leader.restart()
-
-
-def _pause_leader(run: ChaosRun) -> None:
-    zombie = run.leader()
-    run.fault(f"SIGSTOP {zombie.id} mid-snapshot")
-    zombie.pause()
-    run.leader(exclude=[zombie])
-    run.wait_delivered_after(time.time())
-    zombie.resume()
-
-
 @pytest.mark.chaos
 def test_snapshot_leader_sigkill_mid_snapshot(sandbox: Sandbox, chaos_run: MakeRun) -> None:
     run = chaos_run(sandbox).start(3, prefill=PREFILL, destination=SNAPSHOT)
-    _finish(run, _fault_mid_snapshot(run, _kill_leader), WINDOW_S)
+    _finish(run, _fault_mid_snapshot(run, lambda r: r.kill_leader(" mid-snapshot")), WINDOW_S)
 
 
 @pytest.mark.chaos
 def test_snapshot_leader_sigstop_past_ttl(sandbox: Sandbox, chaos_run: MakeRun) -> None:
     run = chaos_run(sandbox).start(3, prefill=PREFILL, destination=SNAPSHOT)
-    _finish(run, _fault_mid_snapshot(run, _pause_leader), WINDOW_S)
+    _finish(
+        run, _fault_mid_snapshot(run, lambda r: r.pause_leader_past_ttl(" mid-snapshot")), WINDOW_S
+    )
 
 
 @pytest.mark.chaos
@@ -136,14 +119,4 @@ def test_snapshot_primary_killed_replica_promoted(
     }
     run = chaos_run(box).start(3, prefill=PREFILL, destination=destination)
     replica.wait_caught_up(box.primary)
-
-    def promote(run: ChaosRun) -> None:
-        assert run.writer is not None
-        run.fault("MariaDB primary SIGKILL mid-snapshot, replica promoted")
-        box.primary.kill()
-        replica.promote()
-        run.writer.retarget(replica)
-        wait_until(lambda: run.writer is not None and run.writer.errors > 0, "writer noticed", 30)
-        run.wait_delivered_after(time.time(), timeout_s=90)
-
-    _finish(run, _fault_mid_snapshot(run, promote), 5 + 2.0)
+    _finish(run, _fault_mid_snapshot(run, lambda r: r.promote_replica(" mid-snapshot")), 5 + 2.0)
