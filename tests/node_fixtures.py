@@ -47,6 +47,7 @@ from canal_ha.sandbox import Sandbox
 from canal_ha.sandbox.mariadb import MariaDBServer
 from canal_ha.sandbox.ports import free_port
 from canal_ha.sandbox.process import ManagedProcess
+from canal_protocol import Batch, EntryType
 from canal_server.config import render_toml
 
 __all__ = [
@@ -54,7 +55,10 @@ __all__ = [
     "FAST_ELECTION",
     "WAIT_S",
     "NodeProc",
+    "batch_row_ids",
+    "client_path",
     "fresh_database",
+    "json_row_ids",
     "node_cluster",
     "node_config",
     "start_nodes",
@@ -289,3 +293,28 @@ def fresh_database(server: MariaDBServer, db: str, *tables: str) -> Iterator[Mar
         yield server
     finally:
         server.execute(f"DROP DATABASE IF EXISTS {db}")
+
+
+def client_path(client: str) -> str:
+    """The REST path of ``client`` on the test destination."""
+    return f"/v1/destinations/{DEST}/clients/{client}"
+
+
+def json_row_ids(batch: dict[str, Any]) -> list[int]:
+    """The ``id`` column of every row of a batch as the REST API's JSON has it."""
+    return [
+        next(c["value"] for c in r["after"] if c["name"] == "id")
+        for e in batch["entries"]
+        if e["type"] == "ROWDATA"
+        for r in e["rows"]
+    ]
+
+
+def batch_row_ids(batch: Batch) -> list[int]:
+    """The ``id`` column of every row of a client ``Batch``."""
+    return [
+        int(str(row.after_values()["id"]))
+        for e in batch.entries
+        if e.type is EntryType.ROWDATA
+        for row in e.rows
+    ]

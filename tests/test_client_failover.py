@@ -14,27 +14,18 @@ import time
 from collections.abc import Callable
 
 from node_fixtures import DEST, WAIT_S, NodeProc, wait_leader
+from node_fixtures import batch_row_ids as ids_of
 from node_fixtures import node_cluster as _node_cluster  # noqa: F401 - the fixture
 
 from canal_client.connector import ClusterConnector
 from canal_cluster.retry import RetryPolicy, wait_until
 from canal_ha.sandbox import Sandbox
-from canal_protocol import Batch, EntryType
 
 DB = "t_client_stop"
 NodeCluster = Callable[..., list[NodeProc]]
 POLL_S = 60.0  # each get waits this long for a row
 REQUEST_TIMEOUT_S = 60.0  # added to the poll's wait: the old client stalled 120 s
 BOUND_S = 90.0  # from SIGSTOP to the rows written after the failover, with room to spare
-
-
-def ids_of(batch: Batch) -> list[int]:
-    return [
-        int(str(row.after_values()["id"]))
-        for e in batch.entries
-        if e.type is EntryType.ROWDATA
-        for row in e.rows
-    ]
 
 
 def test_a_long_poll_to_a_stopped_leader_ends_when_etcd_names_the_next(

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 from node_fixtures import DEST, NodeProc, wait_leader
+from node_fixtures import batch_row_ids as ids_of
 from node_fixtures import node_cluster as _node_cluster  # noqa: F401 - the fixture
 
 from canal_client.connector import ClusterConnector, Connector, SimpleConnector
 from canal_cluster.retry import RetryPolicy
 from canal_ha.sandbox import Sandbox
-from canal_protocol import Batch, EntryType
 
 DB = "t_client_retries"
 ROWS = 40
@@ -72,15 +72,6 @@ def leader(sandbox: Sandbox, _node_cluster: NodeCluster) -> Iterator[NodeProc]: 
     nodes = _node_cluster(1, destination={"filter": {"regex": f"{DB}\\..*"}})
     yield wait_leader(nodes)
     sandbox.primary.execute(f"DROP DATABASE IF EXISTS {DB}")
-
-
-def ids_of(batch: Batch) -> list[int]:
-    return [
-        int(str(row.after_values()["id"]))
-        for e in batch.entries
-        if e.type is EntryType.ROWDATA
-        for row in e.rows
-    ]
 
 
 def connector(

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from node_fixtures import DEST, NodeProc, node_cluster, wait_leader  # noqa: F401  (fixture)
+from node_fixtures import client_path as base
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 from serving_fixtures import IDENTITY, EntryFactory, position_of
 
@@ -64,10 +65,6 @@ def test_move_of_a_client_not_subscribed_is_refused() -> None:
 
 
 # -- real nodes ----------------------------------------------------------------------------
-
-
-def base(client: str) -> str:
-    return f"/v1/destinations/{DEST}/clients/{client}"
 
 
 def insert(sandbox: Sandbox, db: str, first: int, count: int) -> tuple[str, int]:

@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import pytest
 from node_fixtures import DEST, WAIT_S, NodeProc, fresh_database, node_cluster, wait_leader  # noqa: F401
+from node_fixtures import client_path as base
+from node_fixtures import json_row_ids as ids_of
 
 from canal_cluster.etcd_coordinator import EtcdCoordinator
 from canal_cluster.keys import Keys
@@ -33,19 +35,6 @@ Cluster = Callable[..., list[NodeProc]]
 def table(sandbox: Sandbox) -> Iterator[Any]:
     with fresh_database(sandbox.primary, DB) as p:
         yield p
-
-
-def base(client: str) -> str:
-    return f"/v1/destinations/{DEST}/clients/{client}"
-
-
-def ids_of(batch: dict[str, Any]) -> list[int]:
-    return [
-        next(c["value"] for c in r["after"] if c["name"] == "id")
-        for e in batch["entries"]
-        for r in e["rows"]
-        if e["type"] == "ROWDATA"
-    ]
 
 
 def get_rows(http: httpx.Client, client: str, size: int = 3) -> dict[str, Any]:

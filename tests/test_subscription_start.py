@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 from node_fixtures import DEST, WAIT_S, NodeProc, fresh_database, node_cluster, wait_leader  # noqa: F401
+from node_fixtures import client_path as base
+from node_fixtures import json_row_ids as ids_of
 from serving_fixtures import IDENTITY, EntryFactory, position_of
 
 from canal_client.connector import SimpleConnector
@@ -157,19 +159,6 @@ def test_spark_starting_offsets_reach_subscribe() -> None:
 def table(sandbox: Sandbox) -> Iterator[Any]:
     with fresh_database(sandbox.primary, DB) as p:
         yield p
-
-
-def base(client: str) -> str:
-    return f"/v1/destinations/{DEST}/clients/{client}"
-
-
-def ids_of(batch: dict[str, Any]) -> list[int]:
-    return [
-        next(c["value"] for c in r["after"] if c["name"] == "id")
-        for e in batch["entries"]
-        if e["type"] == "ROWDATA"
-        for r in e["rows"]
-    ]
 
 
 def subscribe(http: httpx.Client, client: str, start: Any = None) -> dict[str, Any]:
