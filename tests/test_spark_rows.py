@@ -203,6 +203,10 @@ def test_arrow_rows_equal_entry_rows_for_every_value_form() -> None:
         rowdata("INSERT", [{"before": [], "after": image(None, None, None, None, None, None)}]),
         ddl_entry("ALTER TABLE t.items ADD c int", 9000),
         *make_entries(2, 3),
+        # the first table map again (its values gathered with the first rows'), two rows
+        rowdata(
+            "INSERT", [{"before": [], "after": image(*plain)}, {"before": [], "after": image(*odd)}]
+        ),
     ]
     packed = PackedBatch.of(Batch(1, [Entry.from_wire(e) for e in entries]))
     data = b"".join(e.data for e in packed.entries)
