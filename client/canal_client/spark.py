@@ -88,7 +88,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -97,6 +99,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pyarrow as pa
+from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
@@ -146,6 +149,7 @@ __all__ = [
     "batch_source",
     "fetch_table",
     "gtid_covers",
+    "local_session",
     "parse_progress",
     "point_key",
     "schema_ddl",
@@ -158,6 +162,34 @@ log = logging.getLogger("canal_client.spark")
 def schema_ddl() -> str:
     """The map mode's schema as a Spark DDL string."""
     return generic_ddl()
+
+
+def local_session(
+    master: str = "local[2]", app: str = "canal", conf: Mapping[str, str] | None = None
+) -> SparkSession:
+    """A SparkSession for jobs on this machine or a loopback cluster, with the source
+    registered: no UI, UTC, driver bound to 127.0.0.1, two shuffle partitions, Python
+    workers of this interpreter (unless ``PYSPARK_PYTHON`` says otherwise) that may take
+    120 s to start on a busy machine (Spark's default wait is 15 s); ``conf``: more
+    settings."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(master).appName(app)
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.python.authenticate.socketTimeout": "120s",
+        **(conf or {}),
+    }
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    spark.dataSource.register(CanalDataSource)
+    return spark
 
 
 # -- options ----------------------------------------------------------------------------
