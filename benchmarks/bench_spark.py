@@ -1,10 +1,11 @@
 """Spark into parquet, beside Spark's own anchors in the same SparkSession.
 
 One node reads the generated binlog from its start; ``benchmarks/spark_job.py`` runs as
-a subprocess (its own SparkSession, ``local[2]``): the ``canal`` source in map mode over
-every table, a typed stream of one table, then the two anchors with the same number
-of rows of the same shape: Spark's JVM ``range`` → parquet, and a Python data source
-yielding the rows the canal run wrote, from memory, as Arrow record batches. The canal
+a subprocess (its own SparkSession, ``local[2]``): a warm-up (both anchors over ``range``
+rows, not timed), the ``canal`` source in map mode over every table, a typed stream of
+one table, then the two anchors with the same number of rows of the same shape: Spark's
+JVM ``range`` → parquet, and a Python data source yielding the rows the canal run wrote,
+from memory, as Arrow record batches of the canal run's ``rowsPerPartition``. The canal
 runs are available-now streams: ``rows_per_s`` is their steady state (the micro-batches
 after the first, from the end of the first to the end of the last); ``first_batch_s``
 is from the query's start to the end of its first micro-batch (the SparkSession was
@@ -72,6 +73,7 @@ def spark_parquet(ctx: Context) -> dict[str, Any]:
     argv = [
         sys.executable, str(JOB), "--server", nodes[0].url, "--typed-server", nodes[1].url,
         "--destination", DEST, "--workdir", str(work), "--table", table,
+        "--warm-up-rows", str(ds.rows),
         *(arg for opt in OPTIONS for arg in ("--option", opt)),
     ]  # fmt: skip
     try:
@@ -91,6 +93,8 @@ def spark_parquet(ctx: Context) -> dict[str, Any]:
     return {
         "rows": rows, "rows_per_s": canal["rows_per_s"], "seconds": canal["steady_s"],
         "first_batch_s": canal["first_batch_s"], "micro_batches": canal["micro_batches"],
+        "rows_per_micro_batch": canal["rows_per_micro_batch"],
+        "warm_up_s": result["warm_up"]["seconds"],
         "session_start_s": result["session_start_s"], "batches": canal["batches"],
         "typed": {"table": table, **typed},
         "anchors": {"jvm_range": jvm, "python_arrow": arrow},
