@@ -218,7 +218,8 @@ def _spark_lines(rec: dict[str, Any]) -> list[str]:
         f"{rec['session_start_s']:.1f} s, warm-up {rec['warm_up_s']:.1f} s)",
         f"  canal source, typed ({typed['table']}): {typed['rows_per_s']:,.0f} rows/s steady "
         f"state ({typed['rows']:,} rows, {typed['micro_batches']} micro-batches, the first "
-        f"after {typed['first_batch_s']:.1f} s)",
+        f"after {typed['first_batch_s']:.1f} s; over every micro-batch "
+        f"{typed['batches_rows_per_s']:,.0f} rows/s, map mode {rec['batches_rows_per_s']:,.0f})",
         f"  Spark JVM range -> parquet: {jvm['rows_per_s']:,.0f} rows/s "
         f"(canal = {rec['vs_jvm_range']:.2f}x)",
         f"  Python data source, Arrow from memory -> parquet: {arrow['rows_per_s']:,.0f} rows/s "

@@ -42,7 +42,7 @@ from pyspark.sql.types import StructType
 from canal_client.spark import local_session
 from canal_client.spark_schema import generic_struct
 
-DEFAULT_ROWS_PER_PARTITION = 10_000  # the source's default
+DEFAULT_ROWS_PER_PARTITION = 50_000  # the source's default
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -105,6 +105,8 @@ def stream(
         "rows_per_micro_batch": round(rows / len(batches)),
         "steady_rows": steady_rows, "steady_s": round(steady_s, 3),
         "rows_per_s": steady_rows / steady_s if steady_s > 0 else 0.0,
+        # every micro-batch, the first included: rows over the sum of their durations
+        "batches_rows_per_s": rows * 1000 / sum(int(p["batchDuration"]) for p in batches),
         "output": str(out),
         "batches": [
             {"rows": int(p["numInputRows"]), "ms": int(p["batchDuration"]),
