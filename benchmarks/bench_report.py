@@ -224,7 +224,9 @@ def _spark_lines(rec: dict[str, Any]) -> list[str]:
         f"(canal = {rec['vs_jvm_range']:.2f}x)",
         f"  Python data source, Arrow from memory -> parquet: {arrow['rows_per_s']:,.0f} rows/s "
         f"({arrow['rows_per_partition']:,} rows per partition; canal = "
-        f"{rec['vs_python_arrow']:.2f}x)",
+        f"{rec['vs_python_arrow']:.2f}x); the typed rows: "
+        f"{typed['python_arrow']['rows_per_s']:,.0f} rows/s (canal typed = "
+        f"{typed['vs_python_arrow']:.2f}x)",
     ]
 
 

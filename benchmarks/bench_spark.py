@@ -85,7 +85,11 @@ def spark_parquet(ctx: Context) -> dict[str, Any]:
     typed_rows = _count_parquet_rows(typed["output"])
     if typed_rows != typed["rows"]:
         raise RuntimeError(f"typed parquet holds {typed_rows} rows, not {typed['rows']}")
-    jvm, arrow = result["jvm_range"], result["python_arrow"]
+    jvm, arrow, arrow_typed = (
+        result["jvm_range"],
+        result["python_arrow"],
+        result["python_arrow_typed"],
+    )
     return {
         "rows": rows, "rows_per_s": canal["rows_per_s"], "seconds": canal["steady_s"],
         "first_batch_s": canal["first_batch_s"], "micro_batches": canal["micro_batches"],
@@ -93,7 +97,10 @@ def spark_parquet(ctx: Context) -> dict[str, Any]:
         "batches_rows_per_s": canal["batches_rows_per_s"],
         "warm_up_s": result["warm_up"]["seconds"],
         "session_start_s": result["session_start_s"], "batches": canal["batches"],
-        "typed": {"table": table, **typed},
+        "typed": {
+            "table": table, **typed, "python_arrow": arrow_typed,
+            "vs_python_arrow": round(typed["rows_per_s"] / arrow_typed["rows_per_s"], 3),
+        },
         "anchors": {"jvm_range": jvm, "python_arrow": arrow},
         "vs_jvm_range": round(canal["rows_per_s"] / jvm["rows_per_s"], 3),
         "vs_python_arrow": round(canal["rows_per_s"] / arrow["rows_per_s"], 3),

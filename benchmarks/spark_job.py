@@ -9,7 +9,8 @@
    schema, the same number of rows) → parquet;
 4. ``python_arrow``: a Python data source yielding the rows ``canal`` wrote, from
    memory, as Arrow record batches of the canal run's ``rowsPerPartition`` (one per
-   partition) → parquet.
+   partition) → parquet; ``python_arrow_typed``: the same with the rows ``canal_typed``
+   wrote, in its schema.
 
 Every run writes parquet with the session's defaults (snappy). A streaming run's rate
 is its **steady state**: the rows of every micro-batch after the first over the time
@@ -159,24 +160,27 @@ class _MemoryReader(DataSourceReader):
 
 
 class MemoryArrowSource(DataSource):
-    """Arrow IPC files (``stage_rows``), memory-mapped: rows yielded from memory."""
+    """Arrow IPC files (``stage_rows``), memory-mapped: rows yielded from memory; the
+    option ``schema``: their Spark schema as JSON (default: the map mode's)."""
 
     @classmethod
     def name(cls) -> str:
         return "memory_arrow"
 
     def schema(self) -> StructType:
+        if "schema" in self.options:
+            return StructType.fromJson(json.loads(self.options["schema"]))
         return generic_struct()
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return _MemoryReader(self.options["path"])
 
 
-def stage_rows(source: str, into: Path, per_partition: int) -> int:
-    """The rows ``canal`` wrote as Arrow IPC files of the source's schema, one per
+def stage_rows(source: str, into: Path, per_partition: int, schema: StructType) -> int:
+    """The rows ``canal`` wrote as Arrow IPC files of the source's ``schema``, one per
     partition of ``per_partition`` rows, read once (page cache) so that the timed run
     reads them from memory; how many."""
-    target = to_arrow_schema(generic_struct(), timezone="UTC")
+    target = to_arrow_schema(schema, timezone="UTC")
     table = pq.read_table(source).select(target.names).cast(target)
     into.mkdir(parents=True, exist_ok=True)
     for i, batch in enumerate(table.to_batches(per_partition)):
@@ -188,13 +192,22 @@ def stage_rows(source: str, into: Path, per_partition: int) -> int:
 
 
 def python_arrow(
-    spark: SparkSession, source: str, rows: int, out: Path, per_partition: int
+    spark: SparkSession,
+    source: str,
+    rows: int,
+    out: Path,
+    per_partition: int,
+    schema: StructType | None = None,
 ) -> dict[str, Any]:
+    """``source``'s rows (parquet, of ``schema``: the map mode's by default) yielded from
+    memory by a Python data source → parquet."""
+    schema = schema or generic_struct()
     staged_in = out.with_name(out.name + "_in")
-    staged = stage_rows(source, staged_in, per_partition)
+    staged = stage_rows(source, staged_in, per_partition, schema)
     if staged != rows:
         raise SystemExit(f"python_arrow: {staged} rows staged, not {rows}")
-    df = spark.read.format("memory_arrow").option("path", str(staged_in)).load()
+    reader = spark.read.format("memory_arrow").option("schema", schema.json())
+    df = reader.option("path", str(staged_in)).load()
     t0 = time.time()
     df.write.mode("overwrite").parquet(str(out))
     seconds = time.time() - t0
@@ -237,6 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     result["python_arrow"] = python_arrow(
         spark, canal["output"], canal["rows"], args.workdir / "python_arrow", per_partition
     )
+    typed = result["canal_typed"]
+    typed_schema = spark.read.parquet(typed["output"]).schema
+    result["python_arrow_typed"] = python_arrow(
+        spark, typed["output"], typed["rows"], args.workdir / "python_arrow_typed",
+        per_partition, typed_schema,
+    )  # fmt: skip
     spark.stop()
     print(json.dumps(result), flush=True)
     return 0
