@@ -213,14 +213,20 @@ def _spark_lines(rec: dict[str, Any]) -> list[str]:
     jvm, arrow, typed = rec["anchors"]["jvm_range"], rec["anchors"]["python_arrow"], rec["typed"]
     return [
         f"  canal source, map mode: {rec['rows_per_s']:,.0f} rows/s steady state "
-        f"({rec['micro_batches']} micro-batches, the first after {rec['first_batch_s']:.1f} s;"
-        f" SparkSession start {rec['session_start_s']:.1f} s)",
+        f"({rec['micro_batches']} micro-batches of ~{rec['rows_per_micro_batch']:,} rows, the "
+        f"first after {rec['first_batch_s']:.1f} s; SparkSession start "
+        f"{rec['session_start_s']:.1f} s, warm-up {rec['warm_up_s']:.1f} s)",
         f"  canal source, typed ({typed['table']}): {typed['rows_per_s']:,.0f} rows/s steady "
-        f"state ({typed['rows']:,} rows, first micro-batch after {typed['first_batch_s']:.1f} s)",
+        f"state ({typed['rows']:,} rows, {typed['micro_batches']} micro-batches, the first "
+        f"after {typed['first_batch_s']:.1f} s; over every micro-batch "
+        f"{typed['batches_rows_per_s']:,.0f} rows/s, map mode {rec['batches_rows_per_s']:,.0f})",
         f"  Spark JVM range -> parquet: {jvm['rows_per_s']:,.0f} rows/s "
         f"(canal = {rec['vs_jvm_range']:.2f}x)",
         f"  Python data source, Arrow from memory -> parquet: {arrow['rows_per_s']:,.0f} rows/s "
-        f"(canal = {rec['vs_python_arrow']:.2f}x)",
+        f"({arrow['rows_per_partition']:,} rows per partition; canal = "
+        f"{rec['vs_python_arrow']:.2f}x); the typed rows: "
+        f"{typed['python_arrow']['rows_per_s']:,.0f} rows/s (canal typed = "
+        f"{typed['vs_python_arrow']:.2f}x)",
     ]
 
 

@@ -1,10 +1,11 @@
 """Spark into parquet, beside Spark's own anchors in the same SparkSession.
 
 One node reads the generated binlog from its start; ``benchmarks/spark_job.py`` runs as
-a subprocess (its own SparkSession, ``local[2]``): the ``canal`` source in map mode over
-every table, a typed stream of one table, then the two anchors with the same number
-of rows of the same shape: Spark's JVM ``range`` → parquet, and a Python data source
-yielding the rows the canal run wrote, from memory, as Arrow record batches. The canal
+a subprocess (its own SparkSession, ``local[2]``): a warm-up (both anchors over ``range``
+rows, not timed), the ``canal`` source in map mode over every table, a typed stream of
+one table, then the two anchors with the same number of rows of the same shape: Spark's
+JVM ``range`` → parquet, and a Python data source yielding the rows the canal run wrote,
+from memory, as Arrow record batches of the canal run's ``rowsPerPartition``. The canal
 runs are available-now streams: ``rows_per_s`` is their steady state (the micro-batches
 after the first, from the end of the first to the end of the last); ``first_batch_s``
 is from the query's start to the end of its first micro-batch (the SparkSession was
@@ -27,14 +28,10 @@ __all__ = ["OPTIONS", "spark_parquet"]
 
 JOB = REPO / "benchmarks" / "spark_job.py"
 SPARK_TIMEOUT_S = 1800.0
-# ~90 rows per rows event: a micro-batch of 8 server batches of 100 entries holds ~60k
-# rows, so 300k row changes make several micro-batches (a steady state to measure).
-OPTIONS = (
-    "batchSize=1000",
-    "maxBatchesPerTrigger=1",
-    "pollTimeoutMs=2000",
-    "rowsPerPartition=50000",
-)
+# the source's defaults (batchSize 1000, maxBatchesPerTrigger 100, rowsPerPartition
+# 50000) but micro-batches of at most 100k rows: 300k row changes make several
+# micro-batches (a steady state to measure), each of two partitions
+OPTIONS = ("maxRowsPerTrigger=100000",)
 
 
 def _count_parquet_rows(path: str) -> int:
@@ -72,6 +69,7 @@ def spark_parquet(ctx: Context) -> dict[str, Any]:
     argv = [
         sys.executable, str(JOB), "--server", nodes[0].url, "--typed-server", nodes[1].url,
         "--destination", DEST, "--workdir", str(work), "--table", table,
+        "--warm-up-rows", str(ds.rows),
         *(arg for opt in OPTIONS for arg in ("--option", opt)),
     ]  # fmt: skip
     try:
@@ -87,12 +85,22 @@ def spark_parquet(ctx: Context) -> dict[str, Any]:
     typed_rows = _count_parquet_rows(typed["output"])
     if typed_rows != typed["rows"]:
         raise RuntimeError(f"typed parquet holds {typed_rows} rows, not {typed['rows']}")
-    jvm, arrow = result["jvm_range"], result["python_arrow"]
+    jvm, arrow, arrow_typed = (
+        result["jvm_range"],
+        result["python_arrow"],
+        result["python_arrow_typed"],
+    )
     return {
         "rows": rows, "rows_per_s": canal["rows_per_s"], "seconds": canal["steady_s"],
         "first_batch_s": canal["first_batch_s"], "micro_batches": canal["micro_batches"],
+        "rows_per_micro_batch": canal["rows_per_micro_batch"],
+        "batches_rows_per_s": canal["batches_rows_per_s"],
+        "warm_up_s": result["warm_up"]["seconds"],
         "session_start_s": result["session_start_s"], "batches": canal["batches"],
-        "typed": {"table": table, **typed},
+        "typed": {
+            "table": table, **typed, "python_arrow": arrow_typed,
+            "vs_python_arrow": round(typed["rows_per_s"] / arrow_typed["rows_per_s"], 3),
+        },
         "anchors": {"jvm_range": jvm, "python_arrow": arrow},
         "vs_jvm_range": round(canal["rows_per_s"] / jvm["rows_per_s"], 3),
         "vs_python_arrow": round(canal["rows_per_s"] / arrow["rows_per_s"], 3),

@@ -1,17 +1,23 @@
 """The Spark part of the benchmark, in its own process: one SparkSession (local[2]) runs
 
+0. a warm-up, not timed: the two anchors below over rows of ``range`` (the JVM's
+   code generation and JIT, the Python workers: what a long-running stream has long
+   behind it, and what the anchors would otherwise get from the runs before them);
 1. ``canal``: the canal source (map mode, every table) → parquet, available-now;
 2. ``canal_typed``: a typed stream of one table → parquet, available-now;
 3. ``jvm_range``: Spark's own ``range`` → rows of the same shape (the map mode's
    schema, the same number of rows) → parquet;
 4. ``python_arrow``: a Python data source yielding the rows ``canal`` wrote, from
-   memory, as Arrow record batches → parquet.
+   memory, as Arrow record batches of the canal run's ``rowsPerPartition`` (one per
+   partition) → parquet; ``python_arrow_typed``: the same with the rows ``canal_typed``
+   wrote, in its schema.
 
-A streaming run's rate is its **steady state**: the rows of every micro-batch after the
-first over the time from the end of the first micro-batch to the end of the last
-(``StreamingQueryProgress`` timestamps); the first micro-batch is reported separately
-(from ``start()`` to its end). The anchors are batch writes: rows over wall time.
-Prints one JSON object (the last line of its output).
+Every run writes parquet with the session's defaults (snappy). A streaming run's rate
+is its **steady state**: the rows of every micro-batch after the first over the time
+from the end of the first micro-batch to the end of the last (``StreamingQueryProgress``
+timestamps); the first micro-batch is reported separately (from ``start()`` to its end).
+The anchors are batch writes: rows over wall time. Prints one JSON object (the last line
+of its output).
 
     python benchmarks/spark_job.py --server URL --destination D --workdir DIR \\
         --table bench.orders [--option key=value ...]
@@ -21,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from datetime import datetime
@@ -35,10 +40,10 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from canal_client.spark import CanalDataSource
+from canal_client.spark import local_session
 from canal_client.spark_schema import generic_struct
 
-ANCHOR_ROWS_PER_PARTITION = 10_000
+DEFAULT_ROWS_PER_PARTITION = 50_000  # the source's default
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,26 +55,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--table", required=True, help="schema.table of the typed run")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--master", default="local[2]")
+    p.add_argument("--warm-up-rows", type=int, default=300_000, help="rows of the warm-up")
     return p.parse_args(argv)
 
 
 def session(master: str) -> SparkSession:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (
-        SparkSession.builder.master(master)
-        .appName("canal-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        # Python workers start slowly on a busy machine (the default wait is 15 s)
-        .config("spark.python.authenticate.socketTimeout", "120s")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("WARN")
-    spark.dataSource.register(CanalDataSource)
+    spark = local_session(master, "canal-bench")
     spark.dataSource.register(MemoryArrowSource)
     return spark
 
@@ -112,13 +103,15 @@ def stream(
         "rows": rows, "micro_batches": len(batches), "wall_s": round(wall, 3),
         "first_batch_s": round(first_end - t0, 3),
         "first_batch_rows": int(batches[0]["numInputRows"]),
+        "rows_per_micro_batch": round(rows / len(batches)),
         "steady_rows": steady_rows, "steady_s": round(steady_s, 3),
         "rows_per_s": steady_rows / steady_s if steady_s > 0 else 0.0,
+        # every micro-batch, the first included: rows over the sum of their durations
+        "batches_rows_per_s": rows * 1000 / sum(int(p["batchDuration"]) for p in batches),
         "output": str(out),
         "batches": [
             {"rows": int(p["numInputRows"]), "ms": int(p["batchDuration"]),
-             **{k: int(v) for k, v in p["durationMs"].items()
-                if k in ("latestOffset", "addBatch", "walCommit", "commitOffsets")}}
+             **{k: int(v) for k, v in p["durationMs"].items() if k != "triggerExecution"}}
             for p in batches
         ],
     }  # fmt: skip
@@ -167,26 +160,30 @@ class _MemoryReader(DataSourceReader):
 
 
 class MemoryArrowSource(DataSource):
-    """Arrow IPC files (``stage_rows``), memory-mapped: rows yielded from memory."""
+    """Arrow IPC files (``stage_rows``), memory-mapped: rows yielded from memory; the
+    option ``schema``: their Spark schema as JSON (default: the map mode's)."""
 
     @classmethod
     def name(cls) -> str:
         return "memory_arrow"
 
     def schema(self) -> StructType:
+        if "schema" in self.options:
+            return StructType.fromJson(json.loads(self.options["schema"]))
         return generic_struct()
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return _MemoryReader(self.options["path"])
 
 
-def stage_rows(source: str, into: Path) -> int:
-    """The rows ``canal`` wrote as Arrow IPC files of the source's schema, read once
-    (page cache) so that the timed run reads them from memory; how many."""
-    target = to_arrow_schema(generic_struct(), timezone="UTC")
+def stage_rows(source: str, into: Path, per_partition: int, schema: StructType) -> int:
+    """The rows ``canal`` wrote as Arrow IPC files of the source's ``schema``, one per
+    partition of ``per_partition`` rows, read once (page cache) so that the timed run
+    reads them from memory; how many."""
+    target = to_arrow_schema(schema, timezone="UTC")
     table = pq.read_table(source).select(target.names).cast(target)
     into.mkdir(parents=True, exist_ok=True)
-    for i, batch in enumerate(table.to_batches(ANCHOR_ROWS_PER_PARTITION)):
+    for i, batch in enumerate(table.to_batches(per_partition)):
         path = into / f"{i:05d}.arrow"
         with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, batch.schema) as w:
             w.write_batch(batch)
@@ -194,18 +191,49 @@ def stage_rows(source: str, into: Path) -> int:
     return int(table.num_rows)
 
 
-def python_arrow(spark: SparkSession, source: str, rows: int, work: Path) -> dict[str, Any]:
-    staged = stage_rows(source, work / "python_arrow_in")
+def python_arrow(
+    spark: SparkSession,
+    source: str,
+    rows: int,
+    out: Path,
+    per_partition: int,
+    schema: StructType | None = None,
+) -> dict[str, Any]:
+    """``source``'s rows (parquet, of ``schema``: the map mode's by default) yielded from
+    memory by a Python data source → parquet."""
+    schema = schema or generic_struct()
+    staged_in = out.with_name(out.name + "_in")
+    staged = stage_rows(source, staged_in, per_partition, schema)
     if staged != rows:
         raise SystemExit(f"python_arrow: {staged} rows staged, not {rows}")
-    df = spark.read.format("memory_arrow").option("path", str(work / "python_arrow_in")).load()
+    reader = spark.read.format("memory_arrow").option("schema", schema.json())
+    df = reader.option("path", str(staged_in)).load()
     t0 = time.time()
-    df.write.mode("overwrite").parquet(str(work / "python_arrow"))
+    df.write.mode("overwrite").parquet(str(out))
     seconds = time.time() - t0
-    written = spark.read.parquet(str(work / "python_arrow")).count()
+    written = spark.read.parquet(str(out)).count()
     if written != rows:
         raise SystemExit(f"python_arrow wrote {written} rows, not {rows}")
-    return {"rows": rows, "seconds": round(seconds, 3), "rows_per_s": rows / seconds}
+    return {
+        "rows": rows, "seconds": round(seconds, 3), "rows_per_s": rows / seconds,
+        "rows_per_partition": per_partition,
+    }  # fmt: skip
+
+
+def warm_up(spark: SparkSession, rows: int, work: Path, per_partition: int) -> dict[str, Any]:
+    """Both anchors once over ``range`` rows, not timed (see the module docstring)."""
+    t0 = time.time()
+    jvm_range(spark, rows, work / "warmup_jvm")
+    python_arrow(spark, str(work / "warmup_jvm"), rows, work / "warmup_arrow", per_partition)
+    return {"rows": rows, "seconds": round(time.time() - t0, 3)}
+
+
+def _rows_per_partition(args: argparse.Namespace) -> int:
+    for item in args.option:
+        key, _, value = item.partition("=")
+        if key == "rowsPerPartition":
+            return int(value)
+    return DEFAULT_ROWS_PER_PARTITION
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,11 +241,21 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     spark = session(args.master)
     result: dict[str, Any] = {"session_start_s": round(time.time() - t0, 3)}
+    per_partition = _rows_per_partition(args)
+    result["warm_up"] = warm_up(spark, args.warm_up_rows, args.workdir, per_partition)
     canal = stream(spark, args, "canal", args.server)
     result["canal"] = canal
     result["canal_typed"] = stream(spark, args, "canal_typed", args.typed_server, table=args.table)
     result["jvm_range"] = jvm_range(spark, canal["rows"], args.workdir / "jvm_range")
-    result["python_arrow"] = python_arrow(spark, canal["output"], canal["rows"], args.workdir)
+    result["python_arrow"] = python_arrow(
+        spark, canal["output"], canal["rows"], args.workdir / "python_arrow", per_partition
+    )
+    typed = result["canal_typed"]
+    typed_schema = spark.read.parquet(typed["output"]).schema
+    result["python_arrow_typed"] = python_arrow(
+        spark, typed["output"], typed["rows"], args.workdir / "python_arrow_typed",
+        per_partition, typed_schema,
+    )  # fmt: skip
     spark.stop()
     print(json.dumps(result), flush=True)
     return 0

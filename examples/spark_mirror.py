@@ -38,7 +38,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from canal_client.spark import CanalDataSource, CanalOptions, fetch_table
+from canal_client.spark import CanalOptions, fetch_table, local_session
 
 CURRENT = "_current"
 EMPTYING = ("TRUNCATE", "ERASE")  # DDL rows after which the table is empty
@@ -61,23 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def session(master: str) -> SparkSession:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (
-        SparkSession.builder.master(master)
-        .appName("canal-mirror")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        # Python workers start slowly on a busy machine (the default wait is 15 s)
-        .config("spark.python.authenticate.socketTimeout", "120s")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("WARN")
-    spark.dataSource.register(CanalDataSource)
-    return spark
+    return local_session(master, "canal-mirror")
 
 
 # -- the mirror's versions -----------------------------------------------------------------

@@ -24,7 +24,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from canal_client.spark import CanalDataSource
+from canal_client.spark import CanalDataSource, local_session
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,23 +48,7 @@ def session(master: str, remote: str | None = None) -> SparkSession:
         spark = SparkSession.builder.remote(remote).getOrCreate()
         spark.dataSource.register(CanalDataSource)
         return spark
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers: this interpreter
-    spark = (
-        SparkSession.builder.master(master)
-        .appName("canal-to-parquet")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        # Python workers start slowly on a busy machine (the default wait is 15 s)
-        .config("spark.python.authenticate.socketTimeout", "120s")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("WARN")
-    spark.dataSource.register(CanalDataSource)
-    return spark
+    return local_session(master, "canal-to-parquet")
 
 
 def start_query(spark: SparkSession, args: argparse.Namespace) -> Any:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable, Iterator
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -254,30 +255,57 @@ def file_connector(options: CanalOptions) -> FileConnector:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """local[2] SparkSession on 127.0.0.1 whose Python workers use this interpreter."""
-    from pyspark.sql import SparkSession
-
-    from canal_client.spark import CanalDataSource
+    from canal_client.spark import local_session
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     tests_dir = str(Path(__file__).parent)
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join([tests_dir, *paths])
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("canal-spark-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        # Python workers start slowly on a busy machine (the default wait is 15 s)
-        .config("spark.python.authenticate.socketTimeout", "120s")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
+    session = local_session("local[2]", "canal-spark-tests")
     session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(CanalDataSource)
     try:
         yield session
     finally:
         session.stop()
+
+
+@dataclass(frozen=True)
+class ItemsSource:
+    """A fresh database ``db`` with ``items (id INT PRIMARY KEY, val VARCHAR(32))`` holding
+    rows ``1..rows`` (inserted 100 per statement) and one node of ``DEST`` reading it
+    from before its creation (its filter: only ``db``)."""
+
+    db: str
+    nodes: list[Any]
+    etcd: str  # the sandbox's endpoints, comma-separated
+
+    @property
+    def prefix(self) -> str:
+        return str(self.nodes[0].prefix)
+
+
+@pytest.fixture
+def items_source(sandbox: Any, node_cluster: Any) -> Callable[[str, int], ItemsSource]:
+    """``items_source(tag, rows)``: an ``ItemsSource`` whose database is ``tag_<random>``
+    (the test module imports ``node_cluster`` from node_fixtures)."""
+    from node_fixtures import wait_leader
+
+    def make(tag: str, rows: int) -> ItemsSource:
+        db = f"{tag}_{uuid.uuid4().hex[:8]}"
+        journal, position = sandbox.primary.master_status()
+        master = {"address": f"127.0.0.1:{sandbox.primary.port}", "journal_name": journal,
+                  "position": position}  # fmt: skip
+        destination = {"filter": {"regex": f"{db}\\..*"}, "master": master}
+        nodes = node_cluster(1, destination=destination)
+        wait_leader(nodes)
+        sandbox.primary.execute(
+            f"CREATE DATABASE {db}",
+            f"CREATE TABLE {db}.items (id INT PRIMARY KEY, val VARCHAR(32))",
+        )
+        for lo in range(1, rows + 1, 100):
+            values = ",".join(f"({i},'v{i}')" for i in range(lo, min(lo + 100, rows + 1)))
+            sandbox.primary.execute(f"INSERT INTO {db}.items VALUES {values}")
+        return ItemsSource(db, nodes, ",".join(sandbox.etcd_endpoints))
+
+    return make

@@ -124,6 +124,29 @@ def test_read_max_rows_limits_the_entries_of_a_trigger() -> None:
     assert Offset.from_dict(reader.latestOffset(end2, ReadAllAvailable())).total == 8
 
 
+def test_max_rows_per_trigger_bounds_the_fetch_and_the_micro_batch() -> None:
+    """maxRowsPerTrigger: a trigger fetches server batches until the ledger holds that many
+    rows, and plans whole entries up to it (at least one); nothing is lost or repeated."""
+    server = FakeServer(make_entries(6, 3))  # 6 transactions: BEGIN, 3 rows, END
+    opts = CanalOptions(
+        **{**OPTS.__dict__, "batch_size": 3, "max_batches_per_trigger": 10,
+           "max_rows_per_trigger": 5}
+    )  # fmt: skip
+    eng = Engine(server, opts)
+    assert eng.step()
+    assert list(server.outstanding) == [1, 2]  # 6 rows held: no third fetch
+    first = Offset.from_dict(eng.offset(0))
+    assert first.total == 4  # BEGIN, 3 rows, END, BEGIN: the next 3 rows would pass 5
+    assert len(eng.sink[0]) == 3
+    eng.drain()
+    assert eng.rows() == expected(server.entries)
+    assert max(len(rows) for rows in eng.sink.values()) <= 5
+    single = CanalOptions(**{**opts.__dict__, "max_rows_per_trigger": 1})
+    eng = Engine(FakeServer(make_entries(2, 3)), single)
+    eng.drain()  # an entry of more rows than the limit still goes, alone
+    assert [len(rows) for rows in eng.sink.values()] == [3, 3]
+
+
 def test_restarted_driver_replays_the_uncommitted_batch_from_the_cursor() -> None:
     server = FakeServer(make_entries(10, 3))
     eng = Engine(server)

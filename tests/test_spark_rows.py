@@ -134,6 +134,9 @@ def test_options_defaults_and_lists() -> None:
     assert opts.etcd == ("http://a:1", "http://b:2") and opts.servers == ()
     assert opts.batch_size == 50 and opts.filter == "" and opts.token is None
     assert opts.poll_timeout_s == 1.0 and not opts.exclusive
+    assert (opts.max_batches_per_trigger, opts.max_rows_per_trigger) == (100, 500_000)
+    assert opts.rows_per_partition == 50_000
+    assert CanalOptions.parse({**BASE, "maxRowsPerTrigger": "1000"}).max_rows_per_trigger == 1000
     srv = CanalOptions.parse(
         {"server": "http://127.0.0.1:8000", "destination": "d", "clientId": "c"}
     )
@@ -151,6 +154,7 @@ def test_options_defaults_and_lists() -> None:
         ({**BASE, "batchSize": "many"}, "batchSize"),
         ({**BASE, "pollTimeoutMs": "-1"}, "pollTimeoutMs"),
         ({**BASE, "exclusive": "maybe"}, "exclusive"),
+        ({**BASE, "maxRowsPerTrigger": "0"}, "maxRowsPerTrigger"),
     ],
 )
 def test_bad_options_are_refused_with_their_name(options: dict[str, str], key: str) -> None:
@@ -203,6 +207,10 @@ def test_arrow_rows_equal_entry_rows_for_every_value_form() -> None:
         rowdata("INSERT", [{"before": [], "after": image(None, None, None, None, None, None)}]),
         ddl_entry("ALTER TABLE t.items ADD c int", 9000),
         *make_entries(2, 3),
+        # the first table map again (its values gathered with the first rows'), two rows
+        rowdata(
+            "INSERT", [{"before": [], "after": image(*plain)}, {"before": [], "after": image(*odd)}]
+        ),
     ]
     packed = PackedBatch.of(Batch(1, [Entry.from_wire(e) for e in entries]))
     data = b"".join(e.data for e in packed.entries)

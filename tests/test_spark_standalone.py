@@ -5,13 +5,13 @@ Two available-now runs from one checkpoint write every change exactly once."""
 
 from __future__ import annotations
 
-import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from node_fixtures import DEST, node_cluster, wait_leader  # noqa: F401  (fixture)
+from node_fixtures import DEST, node_cluster  # noqa: F401  (fixture)
+from spark_fixtures import ItemsSource, items_source  # noqa: F401  (fixture)
 from test_spark_e2e import EXAMPLE, sink_rows
 
 from canal_ha.sandbox import Sandbox
@@ -20,36 +20,25 @@ from canal_ha.sandbox.spark_cluster import SparkStandalone
 
 @pytest.mark.timeout(900)
 def test_example_on_a_standalone_cluster_writes_each_change_once(
+    items_source: Callable[[str, int], ItemsSource],  # noqa: F811
     sandbox: Sandbox,
-    node_cluster: Any,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    db = f"t_sa_{uuid.uuid4().hex[:8]}"
-    journal, position = sandbox.primary.master_status()
-    master = {"address": f"127.0.0.1:{sandbox.primary.port}", "journal_name": journal,
-              "position": position}  # fmt: skip
-    nodes = node_cluster(1, destination={"filter": {"regex": f"{db}\\..*"}, "master": master})
-    wait_leader(nodes)
-    sandbox.primary.execute(
-        f"CREATE DATABASE {db}", f"CREATE TABLE {db}.items (id INT PRIMARY KEY, val VARCHAR(32))"
-    )
-    for lo in range(1, 3001, 100):
-        values = ",".join(f"({i},'v{i}')" for i in range(lo, lo + 100))
-        sandbox.primary.execute(f"INSERT INTO {db}.items VALUES {values}")
+    src = items_source("t_sa", 3000)
     cluster = SparkStandalone(tmp_path / "spark", workers=2).start()
     out, ckpt, log = tmp_path / "out", tmp_path / "ckpt", tmp_path / "submit.log"
     app = [
-        str(EXAMPLE), "--master", cluster.url, "--etcd", ",".join(sandbox.etcd_endpoints),
+        str(EXAMPLE), "--master", cluster.url, "--etcd", src.etcd,
         "--destination", DEST, "--client-id", "standalone", "--output", str(out),
         "--checkpoint", str(ckpt), "--trigger", "available-now",
-        "--option", f"etcdPrefix={nodes[0].prefix}", "--option", "batchSize=50",
+        "--option", f"etcdPrefix={src.prefix}", "--option", "batchSize=50",
         "--option", "rowsPerPartition=500",
     ]  # fmt: skip
     try:
         assert cluster.submit(app, log, timeout_s=400) == 0, log.read_text()[-3000:]
         sandbox.primary.execute(
-            f"UPDATE {db}.items SET val = 'u' WHERE id <= 500",
-            f"DELETE FROM {db}.items WHERE id > 2500",
+            f"UPDATE {src.db}.items SET val = 'u' WHERE id <= 500",
+            f"DELETE FROM {src.db}.items WHERE id > 2500",
         )
         assert cluster.submit(app, log, timeout_s=400) == 0, log.read_text()[-3000:]
         apps = cluster.state().get("completedapps") or []

@@ -15,7 +15,8 @@ the leader when the query starts; a table map of another shape stops the query w
 (comma-separated endpoints) or ``server`` (comma-separated node URLs), ``destination``,
 ``clientId``, ``batchSize`` (entries per server batch, 1000), ``filter`` (table regex),
 ``token``, ``etcdPrefix`` (``/canal``), ``pollTimeoutMs`` (1000),
-``maxBatchesPerTrigger`` (10), ``replayTimeoutS`` (120), ``rowsPerPartition`` (10000),
+``maxBatchesPerTrigger`` (100), ``maxRowsPerTrigger`` (500000), ``replayTimeoutS`` (120),
+``rowsPerPartition`` (50000),
 ``exclusive`` (false: one active consumer per client id), ``availableNowStallS`` (120),
 ``startingOffsets`` (``earliest``; see README), ``table`` (typed mode),
 ``connectorFactory`` (tests: ``module:function`` building the connector); a secured etcd
@@ -88,7 +89,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -97,6 +100,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pyarrow as pa
+from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
@@ -146,6 +150,7 @@ __all__ = [
     "batch_source",
     "fetch_table",
     "gtid_covers",
+    "local_session",
     "parse_progress",
     "point_key",
     "schema_ddl",
@@ -158,6 +163,34 @@ log = logging.getLogger("canal_client.spark")
 def schema_ddl() -> str:
     """The map mode's schema as a Spark DDL string."""
     return generic_ddl()
+
+
+def local_session(
+    master: str = "local[2]", app: str = "canal", conf: Mapping[str, str] | None = None
+) -> SparkSession:
+    """A SparkSession for jobs on this machine or a loopback cluster, with the source
+    registered: no UI, UTC, driver bound to 127.0.0.1, two shuffle partitions, Python
+    workers of this interpreter (unless ``PYSPARK_PYTHON`` says otherwise) that may take
+    120 s to start on a busy machine (Spark's default wait is 15 s); ``conf``: more
+    settings."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(master).appName(app)
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.python.authenticate.socketTimeout": "120s",
+        **(conf or {}),
+    }
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    spark.dataSource.register(CanalDataSource)
+    return spark
 
 
 # -- options ----------------------------------------------------------------------------
@@ -193,9 +226,10 @@ class CanalOptions:
     token: str | None = None
     etcd_prefix: str = "/canal"
     poll_timeout_s: float = 1.0
-    max_batches_per_trigger: int = 10
+    max_batches_per_trigger: int = 100
+    max_rows_per_trigger: int = 500_000
     replay_timeout_s: float = 120.0
-    rows_per_partition: int = 10_000
+    rows_per_partition: int = 50_000
     exclusive: bool = False
     connector_factory: str = ""
     available_now_stall_s: float = 120.0
@@ -242,9 +276,10 @@ class CanalOptions:
             token=_secret_option(opts, "token", "tokenFile") or None,
             etcd_prefix=str(opts.get("etcdPrefix", "/canal")),
             poll_timeout_s=_int(opts, "pollTimeoutMs", 1000, 0, 600_000) / 1000,
-            max_batches_per_trigger=_int(opts, "maxBatchesPerTrigger", 10, 1, 100_000),
+            max_batches_per_trigger=_int(opts, "maxBatchesPerTrigger", 100, 1, 100_000),
+            max_rows_per_trigger=_int(opts, "maxRowsPerTrigger", 500_000, 1, 1_000_000_000),
             replay_timeout_s=float(_int(opts, "replayTimeoutS", 120, 1, 86_400)),
-            rows_per_partition=_int(opts, "rowsPerPartition", 10_000, 1, 10_000_000),
+            rows_per_partition=_int(opts, "rowsPerPartition", 50_000, 1, 10_000_000),
             exclusive=exclusive == "true",
             connector_factory=factory,
             available_now_stall_s=float(_int(opts, "availableNowStallS", 120, 1, 86_400)),
@@ -807,16 +842,20 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
 
     def _fill(self, timeout_s: float | None = None) -> bool:
-        """Up to maxBatchesPerTrigger batches with new entries (repeats do not count), the
-        first poll waiting ``timeout_s`` (pollTimeoutMs); True when a poll brought nothing."""
-        useful = 0
+        """Up to maxBatchesPerTrigger batches with new entries (repeats do not count) while
+        the ledger holds fewer than maxRowsPerTrigger rows, the first poll waiting
+        ``timeout_s`` (pollTimeoutMs); True when a poll brought nothing."""
+        useful, held = 0, sum(it.rows for it in self.ledger.items)
         timeout_s = self.options.poll_timeout_s if timeout_s is None else timeout_s
         while useful < self.options.max_batches_per_trigger:
             if self._target is not None and self._served >= self._target.last_key:
                 return False  # availableNow: the rest is not for this run
+            if held >= self.options.max_rows_per_trigger:
+                return False
             added = self._fetch(timeout_s)
             if added is None:
                 return True
+            held += sum(it.rows for it in self.ledger.items[len(self.ledger.items) - added :])
             useful, timeout_s = useful + (added > 0), 0.0
         return False
 
@@ -826,10 +865,16 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             pending = pending[: late[0]] if late else pending
         return self._limit(pending, limit)
 
-    @staticmethod
-    def _limit(pending: list[_Item], limit: ReadLimit) -> list[_Item]:
+    def _limit(self, pending: list[_Item], limit: ReadLimit) -> list[_Item]:
+        """Spark's ``ReadMaxRows`` (entries), then maxRowsPerTrigger: whole entries, at
+        least one that gives rows (cut only before an entry that gives rows)."""
         if isinstance(limit, ReadMaxRows):
             pending = pending[: max(1, limit.max_rows)]
+        rows = 0
+        for i, it in enumerate(pending):
+            if it.rows and rows and rows + it.rows > self.options.max_rows_per_trigger:
+                return pending[:i]
+            rows += it.rows
         return pending
 
     # -- availableNow with a target (see the module docstring)

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from canal_client.packed import iter_entries
 from canal_client.spark_rows import value_text
@@ -109,7 +110,6 @@ _STR_TYPES = re.compile(
     r"^(var)?char\(|^(tiny|medium|long)?text$|^enum\(|^set\(|^decimal\(|^date$|^(date)?time"
     r"|^timestamp"
 )
-_TAKE: dict[tuple[int, int], pa.Array] = {}  # (rows, width) -> row-major take indices
 
 
 def _text_way(mysql_type: str) -> pa.DataType | str:
@@ -137,76 +137,166 @@ def _column_text(values: Sequence[Any], way: pa.DataType | str) -> pa.Array:
     return pa.array([value_text(v) for v in values], pa.string())
 
 
-def _row_major(columns: list[pa.Array], rows: int) -> pa.Array:
-    """The values of ``columns`` (each ``rows`` long) row after row."""
-    width = len(columns)
-    take = _TAKE.get((rows, width))
-    if take is None:
-        take = pa.array([c * rows + r for r in range(rows) for c in range(width)], pa.int32())
-        if len(_TAKE) > 4096:
-            _TAKE.clear()
-        _TAKE[(rows, width)] = take
-    return pa.concat_arrays(columns).take(take)
+_ARANGE: list[pa.Array] = [pa.array([], pa.int64())]
+
+
+def _arange(n: int) -> pa.Array:
+    """0, 1, …, n - 1 (int64), a slice of one cached array."""
+    if len(_ARANGE[0]) < n:
+        _ARANGE[0] = pa.array(range(max(n, 2 * len(_ARANGE[0]))), pa.int64())
+    return _ARANGE[0].slice(0, n)
+
+
+def _row_major(rows: int, width: int) -> tuple[pa.Array, pa.Array]:
+    """The row and the column of each value of ``rows`` rows of ``width`` values, row
+    after row."""
+    i = _arange(rows * width)
+    row = pc.divide(i, width)  # integer division
+    return row, pc.subtract(i, pc.multiply(row, width))
+
+
+def _concat(chunks: list[pa.Array], type: pa.DataType) -> pa.Array:
+    return pa.concat_arrays(chunks) if chunks else pa.array([], type)
+
+
+_JSON_ESCAPE = r'[\x00-\x1f"\\]'  # what json.dumps(ensure_ascii=False) escapes
+
+
+def _json_texts(texts: pa.Array) -> pa.Array:
+    """Each text as a JSON string (``json.dumps``), null as ``null``."""
+    if pc.any(pc.match_substring_regex(texts, _JSON_ESCAPE)).as_py():
+        quoted = [json.dumps(t, ensure_ascii=False) for t in texts.fill_null("").to_pylist()]
+        return pc.if_else(pc.is_null(texts), "null", pa.array(quoted, pa.string()))
+    return pc.if_else(pc.is_null(texts), "null", pc.binary_join_element_wise('"', texts, '"', ""))
+
+
+class _Layout:
+    """The row images of one side with one table map (names, types), gathered over a
+    partition column by column and converted once."""
+
+    def __init__(self, names: tuple[str, ...], types: tuple[str, ...], keys: Any) -> None:
+        self.names, self.keys = names, tuple(bool(k) for k in keys)
+        self.ways = [_text_way(t) for t in types]
+        self.columns: list[list[Any]] = [[] for _ in names]
+        self.rows = 0
+
+    def add(self, images: Sequence[Sequence[Any]]) -> int:
+        """Gather ``images``; the layout row of the first one."""
+        for column, values in zip(self.columns, zip(*images, strict=True), strict=True):
+            column.extend(values)
+        first, self.rows = self.rows, self.rows + len(images)
+        return first
+
+    def texts(self) -> list[pa.Array]:
+        return [_column_text(c, w) for c, w in zip(self.columns, self.ways, strict=True)]
+
+    def key_texts(self, texts: list[pa.Array]) -> pa.Array:
+        """``primary_key`` of every row: compact JSON of the key columns' map text."""
+        idx = [i for i, k in enumerate(self.keys) if k]
+        if not idx:
+            return pa.nulls(self.rows, pa.string())
+        parts: list[Any] = ["{"]
+        for n, i in enumerate(idx):
+            name = json.dumps(self.names[i], ensure_ascii=False)
+            parts += [("," if n else "") + name + ":", _json_texts(texts[i])]
+        return pc.binary_join_element_wise(*parts, "}", "")
 
 
 class _MapImages(_Images):
-    """Map mode: each image a map of column name → text, built per entry by Arrow."""
+    """Map mode: each image a map of column name → text. Values are gathered per side
+    and table map (``_Layout``) over the whole partition, converted to text by Arrow
+    once per column, then put in row order by one ``take``."""
 
     def __init__(self) -> None:
-        self.keys: tuple[list[str], list[str]] = ([], [])
-        self.values: tuple[list[pa.Array], list[pa.Array]] = ([], [])
+        self.layouts: dict[tuple[int, Any, Any, Any], _Layout] = {}
+        # per side: (layout, first layout row, images) of each non-null image run
+        self.runs: tuple[list[tuple[_Layout, int, int]], list[tuple[_Layout, int, int]]] = (
+            [],
+            [],
+        )
         self.offsets: tuple[list[int], list[int]] = ([0], [0])
         self.nulls: tuple[list[bool], list[bool]] = ([], [])
-        self.primary: list[pa.Array] = []
-        self._ways: dict[tuple[str, ...], list[pa.DataType | str]] = {}
+        self.primary: list[tuple[_Layout, int, int] | int] = []  # a run, or n nulls
 
     def add(self, cols: Any, before: Sequence[Any], after: Sequence[Any], n: int) -> None:
-        names, types = cols["names"], cols["mysql_types"]
-        ways = self._ways.get(types)
-        if ways is None:
-            ways = self._ways[types] = [_text_way(t) for t in types]
+        names, types, keys = cols["names"], cols["mysql_types"], cols["keys"]
         for side, images in enumerate((before, after)):
             offsets, nulls = self.offsets[side], self.nulls[side]
             if not images:
                 offsets.extend([offsets[-1]] * n)
                 nulls.extend([True] * n)
                 continue
-            columns = [
-                _column_text(values, way)
-                for values, way in zip(zip(*images, strict=True), ways, strict=True)
-            ]
-            self.values[side].append(_row_major(columns, len(images)))
-            self.keys[side].extend(names * len(images))
+            layout = self.layouts.get((side, names, types, keys))
+            if layout is None:
+                layout = self.layouts[(side, names, types, keys)] = _Layout(names, types, keys)
+            run = (layout, layout.add(images), len(images))
+            runs = self.runs[side]
+            if runs and runs[-1][0] is layout:  # the run goes on (rows are contiguous)
+                runs[-1] = (layout, runs[-1][1], runs[-1][2] + run[2])
+            else:
+                runs.append(run)
+            if side == 1 or not after:  # a DELETE's key: its before image
+                self.primary.append(run)
             last, width = offsets[-1], len(names)
             offsets.extend(range(last + width, last + width * (len(images) + 1), width))
             nulls.extend([False] * n)
-        # a DELETE's key: its before image
-        self.primary.append(pa.array(_key_texts(cols, after or before), pa.string()))
 
     def add_null(self, n: int) -> None:
         for side in (0, 1):
             self.offsets[side].extend([self.offsets[side][-1]] * n)
             self.nulls[side].extend([True] * n)
-        self.primary.append(pa.nulls(n, pa.string()))
+        self.primary.append(n)
+
+    def _converted(self) -> dict[int, tuple[int, list[pa.Array]]]:
+        """Each layout's column texts, and where they start in the concatenation of all."""
+        out, base = {}, 0
+        for layout in self.layouts.values():
+            out[id(layout)] = (base, layout.texts())
+            base += layout.rows * len(layout.names)
+        return out
 
     def arrays(self, types: tuple[pa.DataType, pa.DataType]) -> tuple[pa.Array, pa.Array]:
+        converted = self._converted()
+        chunks = [c for _, texts in converted.values() for c in texts]
+        every = pa.concat_arrays(chunks) if chunks else pa.array([], pa.string())
+        self._keys = self._primary_keys(converted)
         out = []
         for side in (0, 1):
-            chunks = self.values[side]
-            values = pa.concat_arrays(chunks) if chunks else pa.array([], pa.string())
+            keys: list[pa.Array] = []
+            take: list[pa.Array] = []
+            for layout, first, count in self.runs[side]:
+                base, _ = converted[id(layout)]
+                rows, column = _row_major(count, len(layout.names))
+                # layout row first + r, column c: base + c * layout.rows + first + r
+                start = pc.add(rows, base + first)
+                take.append(pc.add(pc.multiply(column, layout.rows), start))
+                keys.append(pa.array(layout.names, pa.string()).take(column))
             out.append(
                 pa.MapArray.from_arrays(
                     pa.array(self.offsets[side], pa.int32()),
-                    pa.array(self.keys[side], pa.string()),
-                    values,
+                    _concat(keys, pa.string()),
+                    every.take(_concat(take, pa.int64())),
                     type=types[side],
                     mask=pa.array(self.nulls[side], pa.bool_()),
                 )
             )
         return out[0], out[1]
 
+    def _primary_keys(self, converted: dict[int, tuple[int, list[pa.Array]]]) -> pa.Array:
+        texts: dict[int, pa.Array] = {}
+        chunks: list[pa.Array] = []
+        for run in self.primary:
+            if isinstance(run, int):
+                chunks.append(pa.nulls(run, pa.string()))
+                continue
+            layout, first, count = run
+            if id(layout) not in texts:
+                texts[id(layout)] = layout.key_texts(converted[id(layout)][1])
+            chunks.append(texts[id(layout)].slice(first, count))
+        return pa.concat_arrays(chunks) if chunks else pa.array([], pa.string())
+
     def primary_keys(self) -> pa.Array:
-        return pa.concat_arrays(self.primary) if self.primary else pa.array([], pa.string())
+        return self._keys
 
 
 class _StructImages(_Images):
