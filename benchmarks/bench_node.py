@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import multiprocessing
 import os
 import statistics
 import threading
@@ -36,6 +37,7 @@ BATCH_SIZE = 1000  # entries per get (Canal's batchSize)
 LATENCY_RATES = (100.0, 1000.0, 5000.0)  # tx/s of one-row transactions
 LATENCY_GOAL_TPS = (1000.0, 5000.0)
 LATENCY_GOAL_P99_MS = 20.0
+LATENCY_ACK_MODES = ("on_get", "separate")  # each rate in both, alternating (A/B)
 E2E_TIMEOUT_S = 1800.0
 
 
@@ -155,15 +157,22 @@ class _Arrivals:
     stop: threading.Event = field(default_factory=threading.Event)
     error: list[BaseException] = field(default_factory=list)
     epochs: list[tuple[float, int]] = field(default_factory=list)
+    ack_on_get: bool = True  # the consumer acks with its next get, else on its own
 
 
 def _consume(conn: Any, table: str, arrivals: _Arrivals) -> None:
     """Get + ack until stopped; record (arrival - sent) per row of ``table`` and the epoch
-    with the time of every non-empty batch."""
+    with the time of every non-empty batch. Acks ride on the next get
+    (``arrivals.ack_on_get``), else each is its own request."""
+    done: int | None = None  # processed, not acked yet
     try:
         while not arrivals.stop.is_set():
-            batch = conn.get_without_ack(BATCH_SIZE, 0.5)
+            if done is not None and not arrivals.ack_on_get:
+                conn.ack(done)
+                done = None
+            batch = conn.get_without_ack(BATCH_SIZE, 0.5, ack=done)
             now_us = time.time_ns() // 1000
+            done = None
             if batch.is_empty:
                 continue
             arrivals.epochs.append((time.monotonic(), conn.epoch))
@@ -175,29 +184,56 @@ def _consume(conn: Any, table: str, arrivals: _Arrivals) -> None:
                     arrivals.latency_us.setdefault(
                         int(values["id"]), now_us - int(values["sent_us"])
                     )
-            conn.ack(batch.id)
+            done = batch.id
+        if done is not None:
+            conn.ack(done)
     except BaseException as exc:  # reported by the part
         arrivals.error.append(exc)
 
 
-def _write_paced(
-    ctx: Context, table: str, first_id: int, tps: float, seconds: float, arrivals: _Arrivals
-) -> tuple[int, float]:
-    """Autocommit one-row inserts at ``tps`` for ``seconds``; (rows written, achieved tps).
-    Records each INSERT's round trip (stamp -> the database acknowledged the commit)."""
-    n = max(1, int(tps * seconds))
-    with ctx.sandbox.primary.admin() as conn, conn.cursor() as cur:
+def _paced_writer(socket: str, table: str, first_id: int, tps: float, n: int, out: Any) -> None:
+    """In its own process (the consumer's GIL is not the writer's): ``n`` autocommit
+    one-row inserts at ``tps``; sends (elapsed s, {id: INSERT round trip µs}) to ``out``."""
+    import pymysql
+
+    insert_us: dict[int, int] = {}
+    conn = pymysql.connect(unix_socket=socket, user="root", autocommit=True, charset="utf8mb4")
+    with conn, conn.cursor() as cur:
+        sql = f"INSERT INTO {SCHEMA}.{table} VALUES (%s, %s, 'x')"
         t0 = time.perf_counter()
         for i in range(n):
             delay = t0 + i / tps - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
             sent_us = time.time_ns() // 1000
-            cur.execute(
-                f"INSERT INTO {SCHEMA}.{table} VALUES (%s, %s, 'x')", (first_id + i, sent_us)
-            )
-            arrivals.insert_us[first_id + i] = time.time_ns() // 1000 - sent_us
+            cur.execute(sql, (first_id + i, sent_us))
+            insert_us[first_id + i] = time.time_ns() // 1000 - sent_us
         elapsed = time.perf_counter() - t0
+    out.send((elapsed, insert_us))
+    out.close()
+
+
+def _write_paced(
+    ctx: Context, table: str, first_id: int, tps: float, seconds: float, arrivals: _Arrivals
+) -> tuple[int, float]:
+    """Autocommit one-row inserts at ``tps`` for ``seconds`` from a writer process of its
+    own; (rows written, achieved tps). Records each INSERT's round trip (stamp -> the
+    database acknowledged the commit)."""
+    n = max(1, int(tps * seconds))
+    spawn = multiprocessing.get_context("spawn")
+    receive, send = spawn.Pipe(duplex=False)
+    socket = str(ctx.sandbox.primary.socket)
+    writer = spawn.Process(target=_paced_writer, args=(socket, table, first_id, tps, n, send))
+    writer.start()
+    send.close()
+    try:
+        if not receive.poll(seconds * 3 + 120):
+            raise TimeoutError(f"the writer process sent nothing in {seconds * 3 + 120} s")
+        elapsed, insert_us = receive.recv()
+    finally:
+        writer.join(30)
+        receive.close()
+    arrivals.insert_us.update(insert_us)
     return n, n / elapsed
 
 
@@ -258,10 +294,12 @@ def latency(ctx: Context) -> dict[str, Any]:
     return {
         "rates": rates,
         "seconds_per_rate": seconds,
-        "writer": "one-row autocommit INSERTs, row stamped with the time before its commit; "
-        "insert_*: stamp -> commit acknowledged, after_commit_*: acknowledged -> client",
-        "consumer": f"SimpleConnector msgpack, get_without_ack({BATCH_SIZE}, 0.5 s) + ack; "
-        "its process freezes its startup objects out of the GC (gc.freeze)",
+        "writer": "one-row autocommit INSERTs from a process of its own, row stamped with the "
+        "time before its commit; insert_*: stamp -> commit acknowledged, after_commit_*: "
+        "acknowledged -> client; achieved_tps: what the writer reached",
+        "consumer": f"SimpleConnector msgpack, get_without_ack({BATCH_SIZE}, 0.5 s); ack: "
+        "on_get = the ack rides on the next get, separate = its own request (each rate in "
+        "both, one after the other); its process freezes its startup objects out of the GC",
         "node_cpu": "node process CPU (user + system) from the first write of a rate to its "
         "last row at the client, per transaction written",
     }
@@ -278,15 +316,18 @@ def _latency_rates(
     next_id += warm
     rates = []
     for tps in LATENCY_RATES:
-        cpu0 = _cpu_s(node_pid)
-        n, achieved = _write_paced(ctx, "lat", next_id, tps, seconds, arrivals)
-        stats = _rate_stats(arrivals, range(next_id, next_id + n), tps, achieved)
-        stats["node_cpu_us_per_tx"] = round((_cpu_s(node_pid) - cpu0) / n * 1e6, 1)
-        stats["loadavg_1m"] = round(os.getloadavg()[0], 2)
-        if tps in LATENCY_GOAL_TPS:
-            stats["goal_p99_ms"] = LATENCY_GOAL_P99_MS
-        rates.append(stats)
-        next_id += n
+        for mode in LATENCY_ACK_MODES:
+            arrivals.ack_on_get = mode == "on_get"
+            cpu0 = _cpu_s(node_pid)
+            n, achieved = _write_paced(ctx, "lat", next_id, tps, seconds, arrivals)
+            stats = _rate_stats(arrivals, range(next_id, next_id + n), tps, achieved)
+            stats["ack"] = mode
+            stats["node_cpu_us_per_tx"] = round((_cpu_s(node_pid) - cpu0) / n * 1e6, 1)
+            stats["loadavg_1m"] = round(os.getloadavg()[0], 2)
+            if tps in LATENCY_GOAL_TPS:
+                stats["goal_p99_ms"] = LATENCY_GOAL_P99_MS
+            rates.append(stats)
+            next_id += n
     return rates
 
 
