@@ -38,6 +38,8 @@ LATENCY_RATES = (100.0, 1000.0, 5000.0)  # tx/s of one-row transactions
 LATENCY_GOAL_TPS = (1000.0, 5000.0)
 LATENCY_GOAL_P99_MS = 20.0
 LATENCY_ACK_MODES = ("on_get", "separate")  # each rate in both, alternating (A/B)
+# the node's HTTP stack (node.http, node.loop): today's default, then the one before it
+LATENCY_STACKS = ({"http": "httptools", "loop": "uvloop"}, {"http": "h11", "loop": "asyncio"})
 E2E_TIMEOUT_S = 1800.0
 
 
@@ -271,10 +273,32 @@ def _create_small_table(ctx: Context, table: str) -> None:
 
 
 def latency(ctx: Context) -> dict[str, Any]:
-    connector = _require()
     seconds = float(ctx.options.get("latency_seconds", 10.0))
+    rates = []
+    for stack in LATENCY_STACKS:
+        rates += _latency_with(ctx, stack, seconds)
+    return {
+        "rates": rates,
+        "seconds_per_rate": seconds,
+        "stacks": "each rate on a node with node.http/node.loop httptools/uvloop (the default "
+        "when installed), then h11/asyncio (before)",
+        "writer": "one-row autocommit INSERTs from a process of its own, row stamped with the "
+        "time before its commit; insert_*: stamp -> commit acknowledged, after_commit_*: "
+        "acknowledged -> client; achieved_tps: what the writer reached",
+        "consumer": f"SimpleConnector msgpack, get_without_ack({BATCH_SIZE}, 0.5 s); ack: "
+        "on_get = the ack rides on the next get, separate = its own request (each rate in "
+        "both, one after the other); its process freezes its startup objects out of the GC",
+        "node_cpu": "node process CPU (user + system) from the first write of a rate to its "
+        "last row at the client, per transaction written",
+    }
+
+
+def _latency_with(ctx: Context, stack: dict[str, str], seconds: float) -> list[dict[str, Any]]:
+    """Every rate and ack mode on a fresh node with the HTTP ``stack``."""
+    connector = _require()
     _create_small_table(ctx, "lat")
-    nodes = start_nodes(ctx, 1, "latency")
+    ctx.sandbox.primary.execute(f"TRUNCATE TABLE {SCHEMA}.lat")  # ids start at 1 again
+    nodes = start_nodes(ctx, 1, f"latency-{stack['http']}", node=stack)
     arrivals = _Arrivals()
     try:
         wait_leader(nodes)
@@ -291,18 +315,7 @@ def latency(ctx: Context) -> dict[str, Any]:
                 consumer.join(30)
     finally:
         stop_all(nodes)
-    return {
-        "rates": rates,
-        "seconds_per_rate": seconds,
-        "writer": "one-row autocommit INSERTs from a process of its own, row stamped with the "
-        "time before its commit; insert_*: stamp -> commit acknowledged, after_commit_*: "
-        "acknowledged -> client; achieved_tps: what the writer reached",
-        "consumer": f"SimpleConnector msgpack, get_without_ack({BATCH_SIZE}, 0.5 s); ack: "
-        "on_get = the ack rides on the next get, separate = its own request (each rate in "
-        "both, one after the other); its process freezes its startup objects out of the GC",
-        "node_cpu": "node process CPU (user + system) from the first write of a rate to its "
-        "last row at the client, per transaction written",
-    }
+    return [{**rate, "http": f"{stack['http']}/{stack['loop']}"} for rate in rates]
 
 
 def _latency_rates(
