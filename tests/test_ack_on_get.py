@@ -3,14 +3,16 @@ round trip less per batch, the same duplicate rules as a separate ack (docs/guar
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 from client_fixtures import FakeCluster, entry_wire
 from node_fixtures import DEST, NodeProc, fresh_database, node_cluster, wait_leader
 
-from canal_client.connector import SimpleConnector
+from canal_client.connector import ClusterConnector, SimpleConnector
 from canal_cluster.retry import RetryPolicy
 from canal_ha.sandbox import Sandbox
 from canal_protocol.errors import UnknownBatch
@@ -148,3 +150,27 @@ def test_an_older_server_gets_a_separate_ack() -> None:
     acks = [p for p in fake.paths("POST") if p.endswith("/ack")]
     assert acks == [f"/v1/destinations/example/clients/c/batches/{i}/ack" for i in (1, 2)]
     assert fake.cursor == 4  # entries of batches 1 and 2 acked
+
+
+def test_an_ack_of_an_earlier_session_is_not_sent_with_the_get(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    b = "http://127.0.0.1:10"
+    fake = FakeCluster([A, b], entries=[entry_wire(i) for i in range(9)])
+    fast = RetryPolicy(initial_s=0.001, max_delay_s=0.01, attempts=50)
+    caplog.set_level(logging.INFO, logger="canal_client")
+    with ClusterConnector(
+        "example", "c", servers=[A, b], transport=fake.transport(), retry=fast
+    ) as conn:
+        conn.subscribe()
+        first = conn.get_without_ack(3, 0)
+        fake.new_leader(b, 9)  # failover: b restores the cursor (0), first is gone
+        fake.down.add(A)
+        fake.subscribed.clear()
+        again = conn.get_without_ack(3, 0, ack=first.id)
+        assert [e.rows[0].after_values()["id"] for e in again.entries] == [0, 1, 2]
+        assert fake.cursor == 0  # first's ack was not applied to the new leader
+    gets = [body for body in fake.bodies if isinstance(body, dict) and "size" in body]
+    assert "ack" not in gets[-1]
+    assert any("ack of batch" in r.getMessage() and "dropped" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
