@@ -11,6 +11,7 @@ import gc
 import importlib
 import multiprocessing
 import os
+import queue
 import statistics
 import threading
 import time
@@ -98,11 +99,86 @@ class _Tally:
 
 
 def _e2e(ctx: Context, wire: str) -> dict[str, Any]:
-    """``ctx.repeat`` runs, each with a fresh node and client id (median, as the readers)."""
-    return median_runs([_e2e_once(ctx, wire, run) for run in range(ctx.repeat)])
+    """``ctx.repeat`` runs, each with a fresh node and client id (median, as the readers);
+    alternating with them as many with a prefetching client (A/B, reported beside)."""
+    runs, ahead = [], []
+    for run in range(ctx.repeat):
+        runs.append(_e2e_once(ctx, wire, run, prefetch=False))
+        ahead.append(_e2e_once(ctx, wire, run, prefetch=True))
+    with_prefetch = median_runs(ahead)
+    return {
+        **median_runs(runs),
+        "prefetch_rows_per_s": with_prefetch["rows_per_s"],
+        "prefetch_runs": with_prefetch["runs"],
+    }
 
 
-def _e2e_once(ctx: Context, wire: str, run: int) -> dict[str, Any]:
+class _Prefetch(threading.Thread):
+    """Fetches batches ahead of their reader: the get of the next batch is in flight
+    while the reader reads one; each get carries the ack of the last batch the reader
+    finished (``done``). Stops once ``rows`` row changes came."""
+
+    def __init__(self, conn: Any, rows: int) -> None:
+        super().__init__(name="bench-prefetch", daemon=True)
+        self.conn, self.rows = conn, rows
+        self.ready: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self.done = 0  # the last batch read, set by the reader
+        self.acked = 0
+        self.error: list[BaseException] = []
+
+    def run(self) -> None:
+        fetched = 0
+        try:
+            while fetched < self.rows:
+                done = self.done
+                ack = done if done > self.acked else None
+                batch = self.conn.get_without_ack(BATCH_SIZE, 1.0, ack=ack)
+                self.acked = max(self.acked, ack or 0)
+                if not batch.is_empty:
+                    fetched += sum(e.row_count for e in batch.entries)
+                    self.ready.put(batch)
+        except BaseException as exc:  # handed to the reader
+            self.error.append(exc)
+        self.ready.put(None)
+
+
+def _read_prefetched(conn: Any, tally: _Tally, rows: int, t0: float) -> None:
+    """Read ``rows`` row changes through a ``_Prefetch``; ack the last batch."""
+    fetcher = _Prefetch(conn, rows)
+    fetcher.start()
+    last = 0
+    while tally.rows < rows:
+        batch = fetcher.ready.get(timeout=max(1.0, E2E_TIMEOUT_S - (time.perf_counter() - t0)))
+        if batch is None:
+            raise (
+                fetcher.error[0]
+                if fetcher.error
+                else RuntimeError(f"the prefetch stopped at {tally.rows} of {rows} rows")
+            )
+        tally.add(batch)
+        fetcher.done = last = batch.id
+    fetcher.join(60)
+    if last:
+        conn.ack(last)
+
+
+def _read_in_turn(conn: Any, tally: _Tally, rows: int, t0: float) -> None:
+    """Read ``rows`` row changes get after get, each get carrying the ack of the batch
+    before; ack the last batch."""
+    done: int | None = None
+    while tally.rows < rows:
+        if time.perf_counter() - t0 > E2E_TIMEOUT_S:
+            raise TimeoutError(f"{tally.rows} of {rows} rows after {E2E_TIMEOUT_S}s")
+        batch = conn.get_without_ack(BATCH_SIZE, 1.0, ack=done)
+        done = None
+        if not batch.is_empty:
+            tally.add(batch)
+            done = batch.id
+    if done is not None:
+        conn.ack(done)
+
+
+def _e2e_once(ctx: Context, wire: str, run: int, prefetch: bool) -> dict[str, Any]:
     connector = _require()
     ds = ctx.dataset
     master = {"journal_name": ds.journal, "position": ds.offset}
@@ -117,13 +193,7 @@ def _e2e_once(ctx: Context, wire: str, run: int) -> dict[str, Any]:
         ):
             conn.subscribe(start="earliest")  # the dataset was written before: from its start
             connected_s = time.perf_counter() - t0
-            while tally.rows < ds.rows:
-                if time.perf_counter() - t0 > E2E_TIMEOUT_S:
-                    raise TimeoutError(f"{tally.rows} of {ds.rows} rows after {E2E_TIMEOUT_S}s")
-                batch = conn.get_without_ack(BATCH_SIZE, 1.0)
-                if not batch.is_empty:
-                    tally.add(batch)
-                    conn.ack(batch.id)
+            (_read_prefetched if prefetch else _read_in_turn)(conn, tally, ds.rows, t0)
             elapsed = time.perf_counter() - t0
     finally:
         stop_all(nodes)
@@ -135,7 +205,9 @@ def _e2e_once(ctx: Context, wire: str, run: int) -> dict[str, Any]:
         "batch_size_entries": BATCH_SIZE, "wire": wire,
         "client_connect_s": round(connected_s, 3),
         "client_warnings": len(client_warnings), "first_client_warnings": client_warnings[:3],
-        "path": "leader node -> REST -> SimpleConnector, get_without_ack + ack",
+        "path": "leader node -> REST -> SimpleConnector, get_without_ack carrying the ack of "
+        "the batch before; prefetch_*: the next get in flight (a thread) while one is read",
+        "prefetch": prefetch,
     }  # fmt: skip
 
 
