@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import gc
 import importlib
+import multiprocessing
 import os
+import queue
 import statistics
 import threading
 import time
@@ -36,6 +38,9 @@ BATCH_SIZE = 1000  # entries per get (Canal's batchSize)
 LATENCY_RATES = (100.0, 1000.0, 5000.0)  # tx/s of one-row transactions
 LATENCY_GOAL_TPS = (1000.0, 5000.0)
 LATENCY_GOAL_P99_MS = 20.0
+LATENCY_ACK_MODES = ("on_get", "separate")  # each rate in both, alternating (A/B)
+# the node's HTTP stack (node.http, node.loop): today's default, then the one before it
+LATENCY_STACKS = ({"http": "httptools", "loop": "uvloop"}, {"http": "h11", "loop": "asyncio"})
 E2E_TIMEOUT_S = 1800.0
 
 
@@ -94,11 +99,86 @@ class _Tally:
 
 
 def _e2e(ctx: Context, wire: str) -> dict[str, Any]:
-    """``ctx.repeat`` runs, each with a fresh node and client id (median, as the readers)."""
-    return median_runs([_e2e_once(ctx, wire, run) for run in range(ctx.repeat)])
+    """``ctx.repeat`` runs, each with a fresh node and client id (median, as the readers);
+    alternating with them as many with a prefetching client (A/B, reported beside)."""
+    runs, ahead = [], []
+    for run in range(ctx.repeat):
+        runs.append(_e2e_once(ctx, wire, run, prefetch=False))
+        ahead.append(_e2e_once(ctx, wire, run, prefetch=True))
+    with_prefetch = median_runs(ahead)
+    return {
+        **median_runs(runs),
+        "prefetch_rows_per_s": with_prefetch["rows_per_s"],
+        "prefetch_runs": with_prefetch["runs"],
+    }
 
 
-def _e2e_once(ctx: Context, wire: str, run: int) -> dict[str, Any]:
+class _Prefetch(threading.Thread):
+    """Fetches batches ahead of their reader: the get of the next batch is in flight
+    while the reader reads one; each get carries the ack of the last batch the reader
+    finished (``done``). Stops once ``rows`` row changes came."""
+
+    def __init__(self, conn: Any, rows: int) -> None:
+        super().__init__(name="bench-prefetch", daemon=True)
+        self.conn, self.rows = conn, rows
+        self.ready: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self.done = 0  # the last batch read, set by the reader
+        self.acked = 0
+        self.error: list[BaseException] = []
+
+    def run(self) -> None:
+        fetched = 0
+        try:
+            while fetched < self.rows:
+                done = self.done
+                ack = done if done > self.acked else None
+                batch = self.conn.get_without_ack(BATCH_SIZE, 1.0, ack=ack)
+                self.acked = max(self.acked, ack or 0)
+                if not batch.is_empty:
+                    fetched += sum(e.row_count for e in batch.entries)
+                    self.ready.put(batch)
+        except BaseException as exc:  # handed to the reader
+            self.error.append(exc)
+        self.ready.put(None)
+
+
+def _read_prefetched(conn: Any, tally: _Tally, rows: int, t0: float) -> None:
+    """Read ``rows`` row changes through a ``_Prefetch``; ack the last batch."""
+    fetcher = _Prefetch(conn, rows)
+    fetcher.start()
+    last = 0
+    while tally.rows < rows:
+        batch = fetcher.ready.get(timeout=max(1.0, E2E_TIMEOUT_S - (time.perf_counter() - t0)))
+        if batch is None:
+            raise (
+                fetcher.error[0]
+                if fetcher.error
+                else RuntimeError(f"the prefetch stopped at {tally.rows} of {rows} rows")
+            )
+        tally.add(batch)
+        fetcher.done = last = batch.id
+    fetcher.join(60)
+    if last:
+        conn.ack(last)
+
+
+def _read_in_turn(conn: Any, tally: _Tally, rows: int, t0: float) -> None:
+    """Read ``rows`` row changes get after get, each get carrying the ack of the batch
+    before; ack the last batch."""
+    done: int | None = None
+    while tally.rows < rows:
+        if time.perf_counter() - t0 > E2E_TIMEOUT_S:
+            raise TimeoutError(f"{tally.rows} of {rows} rows after {E2E_TIMEOUT_S}s")
+        batch = conn.get_without_ack(BATCH_SIZE, 1.0, ack=done)
+        done = None
+        if not batch.is_empty:
+            tally.add(batch)
+            done = batch.id
+    if done is not None:
+        conn.ack(done)
+
+
+def _e2e_once(ctx: Context, wire: str, run: int, prefetch: bool) -> dict[str, Any]:
     connector = _require()
     ds = ctx.dataset
     master = {"journal_name": ds.journal, "position": ds.offset}
@@ -113,13 +193,7 @@ def _e2e_once(ctx: Context, wire: str, run: int) -> dict[str, Any]:
         ):
             conn.subscribe(start="earliest")  # the dataset was written before: from its start
             connected_s = time.perf_counter() - t0
-            while tally.rows < ds.rows:
-                if time.perf_counter() - t0 > E2E_TIMEOUT_S:
-                    raise TimeoutError(f"{tally.rows} of {ds.rows} rows after {E2E_TIMEOUT_S}s")
-                batch = conn.get_without_ack(BATCH_SIZE, 1.0)
-                if not batch.is_empty:
-                    tally.add(batch)
-                    conn.ack(batch.id)
+            (_read_prefetched if prefetch else _read_in_turn)(conn, tally, ds.rows, t0)
             elapsed = time.perf_counter() - t0
     finally:
         stop_all(nodes)
@@ -131,7 +205,9 @@ def _e2e_once(ctx: Context, wire: str, run: int) -> dict[str, Any]:
         "batch_size_entries": BATCH_SIZE, "wire": wire,
         "client_connect_s": round(connected_s, 3),
         "client_warnings": len(client_warnings), "first_client_warnings": client_warnings[:3],
-        "path": "leader node -> REST -> SimpleConnector, get_without_ack + ack",
+        "path": "leader node -> REST -> SimpleConnector, get_without_ack carrying the ack of "
+        "the batch before; prefetch_*: the next get in flight (a thread) while one is read",
+        "prefetch": prefetch,
     }  # fmt: skip
 
 
@@ -155,15 +231,22 @@ class _Arrivals:
     stop: threading.Event = field(default_factory=threading.Event)
     error: list[BaseException] = field(default_factory=list)
     epochs: list[tuple[float, int]] = field(default_factory=list)
+    ack_on_get: bool = True  # the consumer acks with its next get, else on its own
 
 
 def _consume(conn: Any, table: str, arrivals: _Arrivals) -> None:
     """Get + ack until stopped; record (arrival - sent) per row of ``table`` and the epoch
-    with the time of every non-empty batch."""
+    with the time of every non-empty batch. Acks ride on the next get
+    (``arrivals.ack_on_get``), else each is its own request."""
+    done: int | None = None  # processed, not acked yet
     try:
         while not arrivals.stop.is_set():
-            batch = conn.get_without_ack(BATCH_SIZE, 0.5)
+            if done is not None and not arrivals.ack_on_get:
+                conn.ack(done)
+                done = None
+            batch = conn.get_without_ack(BATCH_SIZE, 0.5, ack=done)
             now_us = time.time_ns() // 1000
+            done = None
             if batch.is_empty:
                 continue
             arrivals.epochs.append((time.monotonic(), conn.epoch))
@@ -175,29 +258,56 @@ def _consume(conn: Any, table: str, arrivals: _Arrivals) -> None:
                     arrivals.latency_us.setdefault(
                         int(values["id"]), now_us - int(values["sent_us"])
                     )
-            conn.ack(batch.id)
+            done = batch.id
+        if done is not None:
+            conn.ack(done)
     except BaseException as exc:  # reported by the part
         arrivals.error.append(exc)
 
 
-def _write_paced(
-    ctx: Context, table: str, first_id: int, tps: float, seconds: float, arrivals: _Arrivals
-) -> tuple[int, float]:
-    """Autocommit one-row inserts at ``tps`` for ``seconds``; (rows written, achieved tps).
-    Records each INSERT's round trip (stamp -> the database acknowledged the commit)."""
-    n = max(1, int(tps * seconds))
-    with ctx.sandbox.primary.admin() as conn, conn.cursor() as cur:
+def _paced_writer(socket: str, table: str, first_id: int, tps: float, n: int, out: Any) -> None:
+    """In its own process (the consumer's GIL is not the writer's): ``n`` autocommit
+    one-row inserts at ``tps``; sends (elapsed s, {id: INSERT round trip µs}) to ``out``."""
+    import pymysql
+
+    insert_us: dict[int, int] = {}
+    conn = pymysql.connect(unix_socket=socket, user="root", autocommit=True, charset="utf8mb4")
+    with conn, conn.cursor() as cur:
+        sql = f"INSERT INTO {SCHEMA}.{table} VALUES (%s, %s, 'x')"
         t0 = time.perf_counter()
         for i in range(n):
             delay = t0 + i / tps - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
             sent_us = time.time_ns() // 1000
-            cur.execute(
-                f"INSERT INTO {SCHEMA}.{table} VALUES (%s, %s, 'x')", (first_id + i, sent_us)
-            )
-            arrivals.insert_us[first_id + i] = time.time_ns() // 1000 - sent_us
+            cur.execute(sql, (first_id + i, sent_us))
+            insert_us[first_id + i] = time.time_ns() // 1000 - sent_us
         elapsed = time.perf_counter() - t0
+    out.send((elapsed, insert_us))
+    out.close()
+
+
+def _write_paced(
+    ctx: Context, table: str, first_id: int, tps: float, seconds: float, arrivals: _Arrivals
+) -> tuple[int, float]:
+    """Autocommit one-row inserts at ``tps`` for ``seconds`` from a writer process of its
+    own; (rows written, achieved tps). Records each INSERT's round trip (stamp -> the
+    database acknowledged the commit)."""
+    n = max(1, int(tps * seconds))
+    spawn = multiprocessing.get_context("spawn")
+    receive, send = spawn.Pipe(duplex=False)
+    socket = str(ctx.sandbox.primary.socket)
+    writer = spawn.Process(target=_paced_writer, args=(socket, table, first_id, tps, n, send))
+    writer.start()
+    send.close()
+    try:
+        if not receive.poll(seconds * 3 + 120):
+            raise TimeoutError(f"the writer process sent nothing in {seconds * 3 + 120} s")
+        elapsed, insert_us = receive.recv()
+    finally:
+        writer.join(30)
+        receive.close()
+    arrivals.insert_us.update(insert_us)
     return n, n / elapsed
 
 
@@ -235,10 +345,32 @@ def _create_small_table(ctx: Context, table: str) -> None:
 
 
 def latency(ctx: Context) -> dict[str, Any]:
-    connector = _require()
     seconds = float(ctx.options.get("latency_seconds", 10.0))
+    rates = []
+    for stack in LATENCY_STACKS:
+        rates += _latency_with(ctx, stack, seconds)
+    return {
+        "rates": rates,
+        "seconds_per_rate": seconds,
+        "stacks": "each rate on a node with node.http/node.loop httptools/uvloop (the default "
+        "when installed), then h11/asyncio (before)",
+        "writer": "one-row autocommit INSERTs from a process of its own, row stamped with the "
+        "time before its commit; insert_*: stamp -> commit acknowledged, after_commit_*: "
+        "acknowledged -> client; achieved_tps: what the writer reached",
+        "consumer": f"SimpleConnector msgpack, get_without_ack({BATCH_SIZE}, 0.5 s); ack: "
+        "on_get = the ack rides on the next get, separate = its own request (each rate in "
+        "both, one after the other); its process freezes its startup objects out of the GC",
+        "node_cpu": "node process CPU (user + system) from the first write of a rate to its "
+        "last row at the client, per transaction written",
+    }
+
+
+def _latency_with(ctx: Context, stack: dict[str, str], seconds: float) -> list[dict[str, Any]]:
+    """Every rate and ack mode on a fresh node with the HTTP ``stack``."""
+    connector = _require()
     _create_small_table(ctx, "lat")
-    nodes = start_nodes(ctx, 1, "latency")
+    ctx.sandbox.primary.execute(f"TRUNCATE TABLE {SCHEMA}.lat")  # ids start at 1 again
+    nodes = start_nodes(ctx, 1, f"latency-{stack['http']}", node=stack)
     arrivals = _Arrivals()
     try:
         wait_leader(nodes)
@@ -255,16 +387,7 @@ def latency(ctx: Context) -> dict[str, Any]:
                 consumer.join(30)
     finally:
         stop_all(nodes)
-    return {
-        "rates": rates,
-        "seconds_per_rate": seconds,
-        "writer": "one-row autocommit INSERTs, row stamped with the time before its commit; "
-        "insert_*: stamp -> commit acknowledged, after_commit_*: acknowledged -> client",
-        "consumer": f"SimpleConnector msgpack, get_without_ack({BATCH_SIZE}, 0.5 s) + ack; "
-        "its process freezes its startup objects out of the GC (gc.freeze)",
-        "node_cpu": "node process CPU (user + system) from the first write of a rate to its "
-        "last row at the client, per transaction written",
-    }
+    return [{**rate, "http": f"{stack['http']}/{stack['loop']}"} for rate in rates]
 
 
 def _latency_rates(
@@ -278,15 +401,18 @@ def _latency_rates(
     next_id += warm
     rates = []
     for tps in LATENCY_RATES:
-        cpu0 = _cpu_s(node_pid)
-        n, achieved = _write_paced(ctx, "lat", next_id, tps, seconds, arrivals)
-        stats = _rate_stats(arrivals, range(next_id, next_id + n), tps, achieved)
-        stats["node_cpu_us_per_tx"] = round((_cpu_s(node_pid) - cpu0) / n * 1e6, 1)
-        stats["loadavg_1m"] = round(os.getloadavg()[0], 2)
-        if tps in LATENCY_GOAL_TPS:
-            stats["goal_p99_ms"] = LATENCY_GOAL_P99_MS
-        rates.append(stats)
-        next_id += n
+        for mode in LATENCY_ACK_MODES:
+            arrivals.ack_on_get = mode == "on_get"
+            cpu0 = _cpu_s(node_pid)
+            n, achieved = _write_paced(ctx, "lat", next_id, tps, seconds, arrivals)
+            stats = _rate_stats(arrivals, range(next_id, next_id + n), tps, achieved)
+            stats["ack"] = mode
+            stats["node_cpu_us_per_tx"] = round((_cpu_s(node_pid) - cpu0) / n * 1e6, 1)
+            stats["loadavg_1m"] = round(os.getloadavg()[0], 2)
+            if tps in LATENCY_GOAL_TPS:
+                stats["goal_p99_ms"] = LATENCY_GOAL_P99_MS
+            rates.append(stats)
+            next_id += n
     return rates
 
 

@@ -114,8 +114,10 @@ def _latency_lines(rec: dict[str, Any]) -> list[str]:
         verdict = "" if goal is None else f" (goal p99 <= {goal:g} ms: "
         if goal is not None:
             verdict += "met)" if rate["p99_ms"] <= goal else "NOT met)"
+        ack = f", ack {rate['ack']}" if "ack" in rate else ""
+        ack += f", {rate['http']}" if "http" in rate else ""
         lines.append(
-            f"  {rate['target_tps']:>5.0f} tx/s (achieved {rate['achieved_tps']:.0f}): "
+            f"  {rate['target_tps']:>5.0f} tx/s (achieved {rate['achieved_tps']:.0f}{ack}): "
             f"p50 {rate['p50_ms']:.1f} ms, p99 {rate['p99_ms']:.1f} ms, max "
             f"{rate['max_ms']:.1f} ms over {rate['samples']} rows{verdict}{_cpu_note(rate)}"
         )

@@ -151,6 +151,11 @@ class FakeCluster:
         if rest == ["cursor"]:
             return 200, {"cursor": _position(self.cursor - 1) if self.cursor else None}
         if rest == ["batches"]:
+            acked = body.get("ack")
+            if acked is not None and acked in self.outstanding:
+                self._ack(acked)
+            elif acked is not None and not 1 <= acked < self.next_batch:
+                return 409, {"error": "batch_not_outstanding", "message": str(acked)}
             return self._take(int(body["size"]), bool(body.get("auto_ack")))
         batch_id = int(rest[1])
         if len(rest) == 2:
@@ -161,13 +166,16 @@ class FakeCluster:
         if batch_id not in self.outstanding:
             return 409, {"error": "batch_not_outstanding", "message": str(batch_id)}
         if rest[2] == "ack":
-            for bid in [b for b in self.outstanding if b <= batch_id]:
-                self.cursor = max(self.cursor, self.outstanding.pop(bid)[1])
+            self._ack(batch_id)
             return 200, {"acked": batch_id}
         for bid in [b for b in self.outstanding if b >= batch_id]:
             del self.outstanding[bid]
         self.read = max([self.cursor, *(hi for _, hi in self.outstanding.values())])
         return 200, {"rolled_back": batch_id}
+
+    def _ack(self, batch_id: int) -> None:
+        for bid in [b for b in self.outstanding if b <= batch_id]:
+            self.cursor = max(self.cursor, self.outstanding.pop(bid)[1])
 
     def _take(self, size: int, auto_ack: bool) -> tuple[int, Any]:
         lo, hi = self.read, min(self.read + size, len(self.entries))

@@ -86,6 +86,8 @@ def test_render_toml_round_trips() -> None:
         ({"node": {"id": "bad id"}, "destinations": {}}, "node.id"),
         ({**minimal(), "node": {"id": "n", "listen": "nowhere"}}, "node.listen"),
         ({**minimal(), "node": {"id": "n", "advertise_url": "ftp://x"}}, "node.advertise_url"),
+        ({**minimal(), "node": {"id": "n", "http": "fast"}}, "node.http"),
+        ({**minimal(), "node": {"id": "n", "loop": "trio"}}, "node.loop"),
         (minimal(master={"address": "127.0.0.1"}), "destinations.d.master.address"),
         (minimal(master={"address": "h:1", "position": -1}), "destinations.d.master.position"),
         (minimal(filter={"regex": "(unclosed"}), "destinations.d.filter"),

@@ -4,9 +4,11 @@
 ClientRunningMonitor so one process per client id consumes; ``--server``: one URL or a
 comma-separated list, following 307), prints each entry (JSON Lines with ``--format
 json``: the entry's wire form; else one readable line) and acks each batch after
-printing and flushing it. It exits 0 after ``--max-entries`` entries or ``--idle-exit``
-seconds without entries; SIGTERM and Ctrl-C stop it cleanly (the batch being printed
-is not acked and comes again). Leader changes it follows are logged on stderr.
+printing and flushing it: with the next get (its ``ack``, one round trip less), or on
+its own when it stops. It exits 0 after ``--max-entries`` entries or ``--idle-exit``
+seconds without entries; SIGTERM and Ctrl-C stop it cleanly (the last printed batch is
+acked, within ``STOP_ACK_S``; the batch being printed is not acked and comes again).
+Leader changes it follows are logged on stderr.
 
 Bounded waits: no leader reached within ``--connect-timeout`` seconds (etcd or the
 server not reachable, no leader elected) ends it with exit 1 naming what was missing;
@@ -49,7 +51,7 @@ from canal_cluster.keys import DEFAULT_PREFIX, Keys
 from canal_cluster.running import ElectionConfig
 from canal_ha.args import positive_int
 from canal_protocol import Batch, Column, Entry, EntryType, EventType
-from canal_protocol.errors import ConfigError, RetryExhausted
+from canal_protocol.errors import CanalError, ConfigError, RetryExhausted
 
 __all__ = ["consume", "etcd_security", "format_entry", "register", "status"]
 
@@ -239,6 +241,9 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+STOP_ACK_S = 2.0  # after Ctrl-C/SIGTERM: the last printed batch's ack, at most this long
+
+
 class _Printer:
     """Prints batches and counts entries against --max-entries."""
 
@@ -307,24 +312,45 @@ def _set_idle_deadline(connector: Connector, args: argparse.Namespace, last: flo
 
 
 def _consume_loop(connector: Connector, printer: _Printer, args: argparse.Namespace) -> None:
+    """Print batches; each printed batch is acked by the next get, the last one on its
+    own when the loop ends (bounded by ``STOP_ACK_S`` after Ctrl-C or SIGTERM)."""
+    printed: list[int] = []  # the last printed batch not acked yet (0 or 1 id)
+    try:
+        _print_batches(connector, printer, args, printed)
+    except KeyboardInterrupt:
+        if printed:
+            connector.set_deadline(time.monotonic() + STOP_ACK_S)
+            with contextlib.suppress(CanalError):  # not acked: it comes again
+                connector.ack(printed[0])
+        raise
+    if printed:
+        with _gave_up_after(args, connector):
+            connector.ack(printed.pop())
+
+
+def _print_batches(
+    connector: Connector, printer: _Printer, args: argparse.Namespace, printed: list[int]
+) -> None:
     last = time.monotonic()
     _set_idle_deadline(connector, args, last)
     while not printer.done:
         poll = args.poll_timeout
         if args.idle_exit:
             poll = max(0.05, min(poll, last + args.idle_exit - time.monotonic()))
+        ack = printed[0] if printed else None
         with _gave_up_after(args, connector):
-            batch = connector.get_without_ack(printer.room(args.batch_size), poll)
+            batch = connector.get_without_ack(printer.room(args.batch_size), poll, ack=ack)
+        printed.clear()  # acked by that get
         if batch.is_empty:
             if args.idle_exit and time.monotonic() - last >= args.idle_exit:
                 return
             continue
         last = time.monotonic()
         _set_idle_deadline(connector, args, last)
-        with _gave_up_after(args, connector):
-            if printer.print_batch(batch):
-                connector.ack(batch.id)
-            else:
+        if printer.print_batch(batch):
+            printed.append(batch.id)
+        else:
+            with _gave_up_after(args, connector):
                 connector.rollback(batch.id)  # the rest comes again to the next consumer
 
 

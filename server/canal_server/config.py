@@ -6,6 +6,8 @@ Layout (keys follow Canal's instance.properties where one exists)::
     id = "node1"                          # [A-Za-z0-9_.-]{1,64}, unique in the cluster
     listen = "127.0.0.1:11111"            # host:port uvicorn binds
     advertise_url = "http://127.0.0.1:11111"  # what other nodes redirect to (default: from listen)
+    http = "auto"                         # parser: auto (httptools if installed), h11, httptools
+    loop = "auto"                         # event loop: auto (uvloop if installed), asyncio, uvloop
 
     [etcd]
     endpoints = ["http://127.0.0.1:2379"]  # https:// = TLS
@@ -163,6 +165,8 @@ class NodeSection(_Section):
     id: str
     listen: str = "127.0.0.1:11111"
     advertise_url: str = ""
+    http: Literal["auto", "h11", "httptools"] = "auto"
+    loop: Literal["auto", "asyncio", "uvloop"] = "auto"
 
     _id = field_validator("id")(_check_id)
     _listen = field_validator("listen")(_host_port)

@@ -27,6 +27,10 @@ Semantics (Canal's server and client roles; docs/architecture.md, "Guarantees"):
   entry). Returns as soon as at least one entry is there, waiting up to
   ``timeout_s``; ``Batch.empty()`` (id -1) when nothing arrives. Records the batch
   (id and position range of the raw entries it covers) in the MetaManager.
+* ``ack`` (optional, on both): a batch the client has processed, acknowledged (as
+  ``ack``) before the get takes the next batch: one round trip less per batch. A batch
+  issued but no longer outstanding is a no-op there (acked by a lost attempt of the
+  same get, or rolled back); an id never issued is UnknownBatch.
 * ``get``: the same, then ``ack``.
 * ``request_id`` (optional, on both): the client's name for one get, the same on its
   retries. A get whose id already produced a batch answers that batch again (re-read
@@ -227,8 +231,15 @@ class EmbeddedServer:
 
     # ---- get -------------------------------------------------------------------
     def get_without_ack(
-        self, client: str, size: int, timeout_s: float = 0.0, request_id: str | None = None
+        self,
+        client: str,
+        size: int,
+        timeout_s: float = 0.0,
+        request_id: str | None = None,
+        ack: int | None = None,
     ) -> Batch:
+        """The next batch; with ``ack``, batch ``ack`` (processed by the client) is
+        acknowledged first, in the same call (see ``_ack_before_get``)."""
         self._check_size(size)
         self._check_timeout(timeout_s)
         deadline = time.monotonic() + timeout_s
@@ -239,6 +250,9 @@ class EmbeddedServer:
                 again = self._answered(client, state, request_id)
                 if again is not None:
                     return again
+                if ack is not None:
+                    self._ack_before_get(client, state, ack)
+                    ack = None  # once: later rounds of the long poll only wait
                 batch, wait_after = self._take(client, state, size)
                 if batch is not None and request_id is not None:
                     _remember(state, request_id, batch.id)
@@ -250,7 +264,12 @@ class EmbeddedServer:
             self.store.wait_for(wait_after, remaining)
 
     def get(
-        self, client: str, size: int, timeout_s: float = 0.0, request_id: str | None = None
+        self,
+        client: str,
+        size: int,
+        timeout_s: float = 0.0,
+        request_id: str | None = None,
+        ack: int | None = None,
     ) -> Batch:
         """get_without_ack, then ack (Canal's get)."""
         if request_id is not None:
@@ -258,7 +277,7 @@ class EmbeddedServer:
             with state.lock:
                 if state.auto is not None and state.auto[0] == request_id:
                     return state.auto[1]  # acked by the first attempt
-        batch = self.get_without_ack(client, size, timeout_s, request_id)
+        batch = self.get_without_ack(client, size, timeout_s, request_id, ack)
         if batch.is_empty:
             return batch
         try:
@@ -299,16 +318,33 @@ class EmbeddedServer:
         state = self._state(client)
         with state.lock:
             self._check_current(client, state)
-            outstanding = dict(self.meta.batches(client))
-            if batch_id not in outstanding:
+            if not self._ack_locked(client, state, batch_id):
                 raise self._unknown(client, batch_id, "ack")
-            end_seq = state.seqs.get(batch_id, (0, None))[1]
-            for bid in sorted(outstanding):
-                if bid <= batch_id:
-                    self.meta.remove_batch(client, bid)
-                    state.seqs.pop(bid, None)
-            self._move_cursor(client, state, outstanding[batch_id].end, end_seq)
         log.debug("%s: client %s acked batch %d", self.destination, client, batch_id)
+
+    def _ack_locked(self, client: str, state: _ClientState, batch_id: int) -> bool:
+        """Ack every outstanding batch <= batch_id (``state.lock`` held); False when
+        batch_id is not outstanding (nothing done)."""
+        outstanding = dict(self.meta.batches(client))
+        if batch_id not in outstanding:
+            return False
+        end_seq = state.seqs.get(batch_id, (0, None))[1]
+        for bid in sorted(outstanding):
+            if bid <= batch_id:
+                self.meta.remove_batch(client, bid)
+                state.seqs.pop(bid, None)
+        self._move_cursor(client, state, outstanding[batch_id].end, end_seq)
+        return True
+
+    def _ack_before_get(self, client: str, state: _ClientState, batch_id: int) -> None:
+        """The ``ack`` of a get: like ``ack``, but a batch issued and no longer
+        outstanding is a no-op (acked by an earlier attempt of the same get whose
+        answer was lost, or rolled back: its entries come again); one never issued
+        is ``UnknownBatch``."""
+        if self._ack_locked(client, state, batch_id):
+            log.debug("%s: client %s acked batch %d on a get", self.destination, client, batch_id)
+        elif not 1 <= batch_id <= self.meta.last_batch_id(client):
+            raise self._unknown(client, batch_id, "ack")
 
     def rollback(self, client: str, batch_id: int | None = None) -> None:
         """Drop batch_id and every later outstanding batch; None: all of them."""

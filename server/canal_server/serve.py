@@ -91,6 +91,8 @@ def run_node(config: NodeConfig) -> int:
         ssl_certfile=config.tls.cert_file or None,
         ssl_keyfile=config.tls.key_file or None,
         lifespan="off",
+        http=config.node.http,
+        loop=config.node.loop,
     )
     uv = _NodeServer(uv_config, node.begin_leaving)
     node.start()

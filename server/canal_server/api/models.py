@@ -140,6 +140,15 @@ class BatchRequest(_Request):
         "get that already took a batch gets that batch again (nothing skipped, nothing "
         "delivered twice); the last 16 per client are remembered",
     )
+    ack: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_INT64,
+        description="a batch the client has processed: acknowledged (as `POST .../ack`, "
+        "cumulative) before this get takes the next batch, saving the ack's round trip. A "
+        "batch issued but no longer outstanding (acked by a lost attempt of this get, or "
+        "rolled back) is a no-op here; an id never issued: 409 batch_not_outstanding",
+    )
 
 
 class CursorRequest(_Request):

@@ -69,14 +69,15 @@ async def unsubscribe(request: Request, lead: Lead) -> Response:
 )
 async def get_batch(request: Request, lead: Lead) -> Response:
     """getWithoutAck (long poll up to timeout_ms); `auto_ack: true` is Canal's get. A retry
-    with the same `request_id` answers the batch its first attempt took."""
+    with the same `request_id` answers the batch its first attempt took. `ack: <batch id>`
+    acknowledges a processed batch before taking the next (one round trip less)."""
     body = await read_body(request, m.BatchRequest)
     client, timeout_s, rid = lead.client_id, body.timeout_ms / 1000, body.request_id
 
     def take(s: EmbeddedServer) -> Any:
         if body.auto_ack:
-            return s.get(client, body.size, timeout_s, rid)
-        return s.get_without_ack(client, body.size, timeout_s, rid)
+            return s.get(client, body.size, timeout_s, rid, body.ack)
+        return s.get_without_ack(client, body.size, timeout_s, rid, body.ack)
 
     batch, epoch = await lead.call(take)
     return respond(request, batch, epoch=epoch, layout=body.layout)
