@@ -28,6 +28,7 @@ from canal_server.parse.finder import (
     FindReason,
     PositionFinder,
 )
+from canal_server.parse.local_reader import LocalBinlogReader, LocalReaderConfig
 from canal_server.parse.logposition import MemoryLogPositionManager
 
 DEST = "finder-mysql"
@@ -143,6 +144,32 @@ def test_history_inside_transaction_moves_when_reader_asks(server: MySQLReplaySe
         assert found.position.gtid == f"{ENUM_UUID}:1-3"
     at_end = LogPosition(history.identity, EntryPosition("mysql-bin.000003", 2659, 1, "", 1))
     assert _finder(at_end).find(_link(server)).reasons == (R.HISTORY,)
+
+
+@pytest.mark.parametrize("via", ["network", "local"])
+def test_history_inside_a_compressed_transaction_moves_to_its_gtid_event(
+    tmp_path: Path, via: str
+) -> None:
+    """MySQL 8.0.32's compressed transaction: anonymous GTID event at 197, its
+    TRANSACTION_PAYLOAD 274..431 holds BEGIN, rows and XID. A cursor after its BEGIN
+    (274, part 1) lies inside it: back to 197 (the payload is read again, the store
+    skips what the client has). Its END (431, part 0) is a boundary: it stays."""
+    shutil.copy(FIXTURES / "rmc__transaction_compression.000001", tmp_path / "mysql-bin.000001")
+    inside = EntryPosition("mysql-bin.000001", 274, 1, "", 1_000, part=1)
+    after = EntryPosition("mysql-bin.000001", 431, 1, "", 1_000)
+    with MySQLReplayServer(tmp_path, clock=CLOCK, variables={"gtid_mode": "OFF"}) as srv:
+        if via == "network":
+            link = _link(srv)
+        else:
+            config = LocalReaderConfig(str(tmp_path), "", poll_s=0.05, slave_id=SLAVE_ID)
+            link = LocalBinlogReader(config, lambda _: None).link()
+        identity = LogIdentity(link.address, SLAVE_ID, 1 if via == "network" else 0)
+        found = _finder(LogPosition(identity, inside)).find(link)
+        assert found.reasons == (R.HISTORY, R.MOVED_TO_TRANSACTION_BEGIN)
+        assert (found.position.offset, found.position.part) == (197, 0)
+        found = _finder(LogPosition(identity, after)).find(link)
+        assert found.reasons == (R.HISTORY,)
+        assert (found.position.offset, found.position.part) == (431, 0)
 
 
 def test_history_of_another_database_at_the_same_address_falls_back_at_once(

@@ -151,6 +151,29 @@ def test_compressed_transaction_payload(tmp_path: Path) -> None:
     )  # the file's PREVIOUS_GTIDS
 
 
+def test_entries_of_a_compressed_transaction_have_distinct_ordered_positions(
+    tmp_path: Path,
+) -> None:
+    """The payload's events are numbered (BEGIN 1, table map 2, rows 3, XID 4): the
+    entries inside it are at the payload's start with their part, its END at its end
+    (a boundary, part 0); every position differs and they are in order, on the wire
+    too (what a cursor and the store compare)."""
+    name = "rmc__transaction_compression.000001"
+    entries = Run(tmp_path, [name]).until((name, 431))
+    assert [e.header.part for e in entries] == [1, 3, 4]
+    positions = [e.position() for e in entries]
+    assert [(p.offset, p.part) for p in positions] == [(274, 1), (274, 3), (431, 0)]
+    assert sorted(positions) == positions and len(set(positions)) == 3
+    wire = [Entry.from_wire(e.to_wire()).position() for e in entries]
+    assert [(p.offset, p.part) for p in wire] == [(274, 1), (274, 3), (431, 0)]
+    assert EntryPosition.from_dict(positions[1].to_dict()) == positions[1]
+    old = positions[1].to_dict()
+    assert old.pop("part") == 3  # a position written before parts existed reads as 0
+    assert EntryPosition.from_dict(old).part == 0
+    assert "part" not in positions[2].to_dict()
+    assert entries[0].header.to_wire()["part"] == 1
+
+
 def test_mysql57_without_names_uses_the_schema_and_the_binlog_ddl(tmp_path: Path) -> None:
     """MySQL 5.7.40: `a`.`b` from the schema file, `a`.`emoji` from the CREATE TABLE
     earlier in the same binlog (utf8mb4 text)."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from mysql_replay import MySQLReplayServer
+from pymysqlreplication.event import QueryEvent, XidEvent
 from test_mysql_local import FIXTURES, rows, wait_for
 
 from canal_protocol.entry import Entry, EntryType
@@ -27,7 +28,12 @@ from canal_protocol.gtid import GtidSet
 from canal_protocol.positions import EntryPosition
 from canal_server.instance import query_master_status
 from canal_server.parse.binlog_search import SqlBinlogInspector
-from canal_server.parse.binlog_stream import check_server_config
+from canal_server.parse.binlog_stream import (
+    check_server_config,
+    event_span,
+    next_event,
+    open_stream,
+)
 from canal_server.parse.reader import BinlogReader, ReaderConfig
 
 ENUM = "rmc__mysql-enum-string-set.000001"  # MySQL 8.0, FULL metadata, GTIDs uuid:1-5
@@ -234,6 +240,39 @@ def test_compressed_transaction_is_decoded_over_the_network(tmp_path: Path) -> N
         pytest.raises(BinlogConfigError, match=r"table test\.tb1: the binlog carries no column"),
     ):
         Reading(srv).until(EntryPosition(BINLOG, 4), ("never", 0))
+
+
+def test_events_inside_a_compressed_transaction_are_numbered_over_the_network(
+    tmp_path: Path,
+) -> None:
+    """The network dump's events go through the same decoder as the files: the events
+    inside the TRANSACTION_PAYLOAD (274..431) get their ``part`` (BEGIN 1, table map 2,
+    rows 3, XID 4), the entries' order inside the one position they share. (Rows are
+    not asked for: this table has no column names, the reader refuses it.)"""
+    compressed = {BINLOG: "rmc__transaction_compression.000001"}
+    with _serve(tmp_path, compressed, variables={"gtid_mode": "OFF"}) as srv:
+        stream = open_stream(
+            srv.dsn(),
+            4712,
+            journal=BINLOG,
+            offset=4,
+            blocking=False,
+            check_config=False,
+            only_events=(QueryEvent, XidEvent),
+        )
+        spans = []
+        try:
+            while (ev := next_event(stream)) is not None:
+                span = event_span(ev)
+                if not span.artificial:
+                    spans.append((type(ev).__name__, span.start, span.end, span.part))
+        finally:
+            stream.close()
+    inside = [s for s in spans if (s[1], s[2]) == (274, 431)]
+    assert [(name, part) for name, _, _, part in inside] == [
+        ("QueryEvent", 1), ("XidEvent", 4)
+    ]  # fmt: skip
+    assert all(part == 0 for _, _, end, part in spans if end != 431)
 
 
 @pytest.mark.parametrize("version", ["8.4.3", "8.0.36"])

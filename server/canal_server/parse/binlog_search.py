@@ -454,14 +454,18 @@ class BinlogSearch:
                 found = ev.timestamp or found
         return found or self.first_event_time(journal)
 
-    def transaction_begin(self, journal: str, offset: int) -> int:
+    def transaction_begin(self, journal: str, offset: int, inside: bool = False) -> int:
         """Start of the transaction that ``offset`` falls inside, else ``offset``.
 
         Cheap when ``offset`` is a boundary: the events from there are read up to the
         first that opens or closes a group; only when a group closes first (``offset``
         lies inside it) is the file scanned from its start for the group's first event.
+        ``inside``: ``offset`` is known to lie inside a group (a position with a part:
+        the start of a compressed transaction's payload, after its GTID event).
         """
-        if offset <= BINLOG_START_OFFSET or self._opens_group(journal, offset):
+        if offset <= BINLOG_START_OFFSET:
+            return offset
+        if not inside and self._opens_group(journal, offset):
             return offset
         with closing(self.source.read(journal, BINLOG_START_OFFSET)) as events:
             start = open_group_start(events, offset)

@@ -515,13 +515,16 @@ def interrupt(stream: BinLogStreamReader) -> None:
 class EventSpan:
     """Where an event lies: ``start`` (what SHOW BINLOG EVENTS calls Pos), ``end``
     (End_log_pos, where the next event starts), the origin ``server_id``,
-    ``timestamp`` (s) and ``artificial`` (fake Rotate, or sent with log_pos 0)."""
+    ``timestamp`` (s), ``artificial`` (fake Rotate, or sent with log_pos 0) and ``part``
+    (1, 2, ...: its place inside a MySQL transaction payload that spans start..end; 0
+    for an event of its own, ``EventDecoder``)."""
 
     start: int
     end: int
     server_id: int
     timestamp: int
     artificial: bool
+    part: int = 0
 
 
 def event_span(ev: Any) -> EventSpan:
@@ -537,4 +540,5 @@ def event_span(ev: Any) -> EventSpan:
     size = int(packet.event_size)
     artificial = end == 0 or int(ev.timestamp) == 0
     start = end - size if end >= size and not artificial else end
-    return EventSpan(start, end, int(packet.server_id), int(ev.timestamp), artificial)
+    part = int(getattr(packet, "part", 0))
+    return EventSpan(start, end, int(packet.server_id), int(ev.timestamp), artificial, part)

@@ -404,15 +404,15 @@ class _Run:
     ) -> FoundPosition:
         reasons = [reason]
         if need_begin or reason in (FindReason.CONFIG_POSITION, FindReason.HISTORY):
-            begin = self.search.transaction_begin(pos.journal, pos.offset)
-            if begin != pos.offset:
+            begin = self.search.transaction_begin(pos.journal, pos.offset, pos.part > 0)
+            if begin != pos.offset or pos.part:
                 log.warning(
                     "%s: %s is inside a transaction; starting at its BEGIN %d",
                     self.dest,
                     pos,
                     begin,
                 )
-                pos = replace(pos, offset=begin, gtid="")
+                pos = replace(pos, offset=begin, gtid="", part=0)
                 reasons.append(FindReason.MOVED_TO_TRANSACTION_BEGIN)
         if not pos.gtid:
             pos = replace(pos, gtid=self.link.inspector.gtid_at(pos.journal, pos.offset))

@@ -199,6 +199,7 @@ class TransactionAssembler:
             server_id=span.server_id,
             timestamp_ms=span.timestamp * 1000,
             gtid=self._gtid,
+            part=span.part,
             **kw,
         )
 
