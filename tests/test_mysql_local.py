@@ -268,3 +268,38 @@ def test_partial_json_update_is_refused_with_the_reason(tmp_path: Path) -> None:
     )  # the full UPDATE before the partial one is delivered
     first = next(rows(run.entries))[2][1]
     assert first["id"] == 1 and first["name"] == "Joe" and first["age"] == 24
+
+
+@pytest.mark.parametrize(
+    ("name", "data_end", "size"),
+    [
+        ("rmc__transaction_compression.000001", 431, 475),  # ends with a ROTATE
+        ("rmc__binlog-invisible-columns.000001", 1787, 1810),  # ends with a STOP
+    ],
+)
+def test_binlog_end_is_after_the_last_transaction_once_the_reader_read_all(
+    tmp_path: Path, name: str, data_end: int, size: int
+) -> None:
+    """``/v1/health``'s binlog end of a ``local.dir`` destination: the newest file's size
+    while the reader has not read it all; once it has, and nothing after its last
+    transaction carries data (a ROTATE, a STOP), the reader's position. A Spark
+    availableNow run waits for the binlog end: an end after the trailing ROTATE was
+    never reached (the run waited ``availableNowStallS``)."""
+    run = Run(tmp_path, [name])
+    assert (tmp_path / name).stat().st_size == size
+    before = run.reader.binlog_end()
+    assert before is not None and (before["journal"], before["offset"]) == (name, size)
+    run.thread.start()
+    try:
+        wait_for(lambda: (run.reader.binlog_end() or {}).get("offset") == data_end)
+        last = run.reader.last_position
+        assert last is not None and (last.journal, last.offset) == (name, data_end)
+        end = run.reader.binlog_end()
+        assert end is not None and end["journal"] == name and end["gtid"] == last.gtid
+        with (tmp_path / name).open("ab") as f:  # more bytes (no whole event yet)
+            f.write(b"\0" * 7)
+        assert (run.reader.binlog_end() or {}).get("offset") == size + 7
+    finally:
+        run.reader.stop()
+        run.thread.join(10)
+    assert run.error is None
