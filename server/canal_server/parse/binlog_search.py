@@ -194,12 +194,11 @@ class SqlBinlogInspector:
 def mysql_gtid_at(conn: Mapping[str, Any], slave_id: int, journal: str, offset: int) -> str:
     """A MySQL server's GTID state at a binlog position: the file's PREVIOUS_GTIDS plus
     the GTIDs of the transactions that start before ``offset`` ("" without GTIDs)."""
-    stream = binlog_stream.open_stream(
-        conn, slave_id, journal=journal, offset=BINLOG_START_OFFSET, blocking=False,
-        only_events=(RotateEvent, PreviousGtidsEvent, GtidEvent), check_config=False,
-    )  # fmt: skip
     state: GtidSet | None = None
-    try:
+    only = (RotateEvent, PreviousGtidsEvent, GtidEvent)
+    with binlog_stream.peek_stream(
+        conn, slave_id, journal=journal, offset=BINLOG_START_OFFSET, only_events=only
+    ) as stream:
         while (ev := _next(stream, journal, BINLOG_START_OFFSET)) is not None:
             span = binlog_stream.event_span(ev)
             if isinstance(ev, RotateEvent) and ev.next_binlog != journal:
@@ -213,8 +212,6 @@ def mysql_gtid_at(conn: Mapping[str, Any], slave_id: int, journal: str, offset: 
             elif isinstance(ev, GtidEvent):
                 uuid, _, number = str(ev.gtid).rpartition(":")
                 state = (state or GtidSet()).add(uuid, int(number))
-    finally:
-        stream.close()
     return "" if state is None else str(state)
 
 
@@ -243,23 +240,16 @@ _SEARCH_EVENTS = (
 
 
 class StreamEventSource:
-    """``EventSource`` over non-blocking binlog dumps (``binlog_stream.open_stream``)."""
+    """``EventSource`` over non-blocking binlog dumps (``binlog_stream.peek_stream``)."""
 
     def __init__(self, conn: Mapping[str, Any], slave_id: int) -> None:
         self._conn = conn
         self._slave_id = slave_id
 
     def read(self, journal: str, offset: int) -> Generator[BinlogEvent, None, None]:
-        stream = binlog_stream.open_stream(
-            self._conn,
-            self._slave_id,
-            journal=journal,
-            offset=offset,
-            blocking=False,
-            only_events=_SEARCH_EVENTS,
-            check_config=False,
-        )
-        try:
+        with binlog_stream.peek_stream(
+            self._conn, self._slave_id, journal=journal, offset=offset, only_events=_SEARCH_EVENTS
+        ) as stream:
             while (ev := _next(stream, journal, offset)) is not None:
                 if isinstance(ev, RotateEvent) and ev.next_binlog != journal:
                     return  # end of this file (or the server switched files)
@@ -269,8 +259,6 @@ class StreamEventSource:
                 yield BinlogEvent(
                     span.start, span.end, span.timestamp, classify(ev), span.server_id
                 )
-        finally:
-            stream.close()
 
 
 _MARIADB_STATE = re.compile(r"^\d+-\d+-\d+(,\d+-\d+-\d+)*$")
@@ -292,18 +280,13 @@ def locate_gtid_state(conn: Mapping[str, Any], slave_id: int, state: str) -> tup
     """
     if is_mysql_gtid_set(state):
         return locate_mysql_gtid_set(conn, slave_id, state)
-    stream = binlog_stream.open_stream(
-        conn, slave_id, gtid=state, blocking=False, check_config=False
-    )
     journal = ""
-    try:
+    with binlog_stream.peek_stream(conn, slave_id, gtid=state) as stream:
         while (ev := binlog_stream.next_event(stream)) is not None:
             if isinstance(ev, RotateEvent):
                 journal = ev.next_binlog
             elif isinstance(ev, MariadbGtidListEvent) and binlog_stream.event_span(ev).artificial:
                 return journal, binlog_stream.event_span(ev).end
-    finally:
-        stream.close()
     raise PositionNotFound(f"the GTID dump from {state} sent no start point")
 
 
@@ -347,12 +330,10 @@ def _completing_end(
 ) -> int | None:
     """The end of the first group of ``journal`` after which its PREVIOUS_GTIDS and
     GTIDs so far hold ``want`` (the PREVIOUS_GTIDS' end when they do); None if none."""
-    stream = binlog_stream.open_stream(
-        conn, slave_id, journal=journal, offset=BINLOG_START_OFFSET, blocking=False,
-        only_events=_GTID_SCAN_EVENTS, check_config=False,
-    )  # fmt: skip
     have, group = GtidSet(), None
-    try:
+    with binlog_stream.peek_stream(
+        conn, slave_id, journal=journal, offset=BINLOG_START_OFFSET, only_events=_GTID_SCAN_EVENTS
+    ) as stream:
         while (ev := _next(stream, journal, BINLOG_START_OFFSET)) is not None:
             if isinstance(ev, RotateEvent) and ev.next_binlog != journal:
                 break
@@ -374,8 +355,6 @@ def _completing_end(
                 group = None
             if (ends or isinstance(ev, PreviousGtidsEvent)) and want <= have:
                 return span.end
-    finally:
-        stream.close()
     return None
 
 

@@ -54,7 +54,7 @@ import socket
 import ssl
 import struct
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +87,7 @@ __all__ = [
     "is_mysql",
     "next_event",
     "open_stream",
+    "peek_stream",
     "server_version",
     "tls_context",
 ]
@@ -416,6 +417,17 @@ def open_stream(
     return _MariadbStreamReader(
         is_mariadb=False, resume_stream=True, log_file=journal, log_pos=offset or 4, **common
     )
+
+
+@contextlib.contextmanager
+def peek_stream(conn: Mapping[str, Any], server_id: int, **where: Any) -> Iterator[Any]:
+    """A non-blocking stream (``open_stream`` without the server checks) for a look into
+    the binlog (the finder's searches, GTID states), closed when the block ends."""
+    stream = open_stream(conn, server_id, blocking=False, check_config=False, **where)
+    try:
+        yield stream
+    finally:
+        stream.close()
 
 
 def _guarded(conn: Mapping[str, Any], query: Any) -> Any:
