@@ -16,8 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from mysql_fixtures import FIXTURES
 from mysql_replay import MySQLReplayServer
-from test_mysql_local import FIXTURES
 
 from canal_protocol.errors import PurgedPosition
 from canal_protocol.positions import EntryPosition, LogIdentity, LogPosition

@@ -9,75 +9,18 @@ source projects' tests only count events for these files.
 from __future__ import annotations
 
 import shutil
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
+from mysql_fixtures import FIXTURES, Run, rows, wait_for
 
 from canal_protocol.entry import Entry, EntryType
 from canal_protocol.errors import BinlogConfigError
 from canal_protocol.gtid import GtidSet
 from canal_protocol.positions import EntryPosition
-from canal_server.parse.local_reader import LocalBinlogDir, LocalBinlogReader, LocalReaderConfig
+from canal_server.parse.local_reader import LocalBinlogDir
 
-FIXTURES = Path(__file__).parent / "fixtures" / "mysql"
-SCHEMA = FIXTURES / "schema.sql"
 A = "0123456789" * 12 + "012345678"  # 129 characters
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting for the reader"
-        time.sleep(0.02)
-
-
-class Run:
-    """A LocalBinlogReader over a directory holding ``files``, run in a thread."""
-
-    def __init__(self, tmp: Path, files: Sequence[str], schema: Path | None = SCHEMA) -> None:
-        for name in files:
-            shutil.copy(FIXTURES / name, tmp / name)
-        self.entries: list[Entry] = []
-        self.error: BaseException | None = None
-        config = LocalReaderConfig(str(tmp), str(schema or ""), poll_s=0.05, slave_id=7)
-        self.reader = LocalBinlogReader(config, self.entries.extend)
-        self.start = EntryPosition(sorted(files)[0], 4)
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.reader.run(self.start)
-        except BaseException as exc:  # the test asserts on it
-            self.error = exc
-
-    def until(self, position: tuple[str, int]) -> list[Entry]:
-        """Read until the last committed position is ``position``, then stop."""
-        self.thread.start()
-        try:
-            wait_for(lambda: self.error is not None or self._at(position))
-        finally:
-            self.reader.stop()
-            self.thread.join(10)
-        if self.error is not None:
-            raise self.error
-        return self.entries
-
-    def _at(self, position: tuple[str, int]) -> bool:
-        last = self.reader.last_position
-        return last is not None and (last.journal, last.offset) == position
-
-
-def rows(entries: Sequence[Entry]) -> Iterator[tuple[str, str, Any]]:
-    for e in entries:
-        if e.type is EntryType.ROWDATA and not e.is_ddl:
-            for r in e.rows:
-                before = {c.name: c.value for c in r.before} if r.before else None
-                after = {c.name: c.value for c in r.after} if r.after else None
-                yield e.header.table, e.header.event_type.value, (before, after)
 
 
 def test_enum_and_set_values_with_full_metadata(tmp_path: Path) -> None:
@@ -244,7 +187,7 @@ def test_resume_from_a_position_inside_the_files(tmp_path: Path) -> None:
     and the GTID state is the file's PREVIOUS_GTIDS plus the GTIDs before the start."""
     name = "rmc__mysql-enum-string-set.000001"
     run = Run(tmp_path, [name])
-    run.start = EntryPosition(name, 1560)
+    run.first = EntryPosition(name, 1560)
     entries = run.until((name, 3331))
     assert [r[1] for r in rows(entries)] == ["UPDATE", "DELETE"]
     uuid = "93e95066-a2f4-11ec-9b69-9657f0ae95e2"
@@ -289,7 +232,7 @@ def test_binlog_end_is_after_the_last_transaction_once_the_reader_read_all(
     assert (tmp_path / name).stat().st_size == size
     before = run.reader.binlog_end()
     assert before is not None and (before["journal"], before["offset"]) == (name, size)
-    run.thread.start()
+    thread = run.start(run.first)
     try:
         wait_for(lambda: (run.reader.binlog_end() or {}).get("offset") == data_end)
         last = run.reader.last_position
@@ -301,5 +244,5 @@ def test_binlog_end_is_after_the_last_transaction_once_the_reader_read_all(
         assert (run.reader.binlog_end() or {}).get("offset") == size + 7
     finally:
         run.reader.stop()
-        run.thread.join(10)
+        thread.join(10)
     assert run.error is None

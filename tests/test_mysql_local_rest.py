@@ -11,12 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from mysql_fixtures import FIXTURES, SCHEMA, Run, rest_entries, rows, spans
 from node_fixtures import WAIT_S, NodeProc, node_cluster, wait_leader  # noqa: F401
-from test_mysql_local import FIXTURES, SCHEMA, Run, rows
 
-from canal_client.connector import SimpleConnector
 from canal_cluster.retry import wait_until
-from canal_protocol.entry import Entry
 
 Cluster = Callable[..., list[NodeProc]]
 FILES = [
@@ -46,28 +44,10 @@ def test_local_destination_serves_every_row_over_rest(
         },
     )
     wait_leader([node])
-    got: list[Entry] = []
-    conn = SimpleConnector(node.url, node.destination, "mysql-fixtures")
-    conn.connect()
-    try:
-        conn.subscribe(".*\\..*", start="earliest")  # the files predate the subscription
-        deadline = time.monotonic() + 60
-        while not got or got[-1].position().offset != LAST[1]:
-            assert time.monotonic() < deadline, f"only {len(got)} entries arrived"
-            batch = conn.get_without_ack(100, 2.0)
-            got.extend(batch.entries)
-            if batch.id != -1:
-                conn.ack(batch.id)
-    finally:
-        conn.disconnect()
+    got = rest_entries(node.url, node.destination, "mysql-fixtures", LAST[1])
     assert list(rows(got)) == list(rows(expected))
     assert len(list(rows(got))) == 7 + 21 + 3 + 1
-
-    def spans(entries: list[Entry]) -> list[tuple[str, int, int, int, str, int]]:
-        return [(e.header.logfile, e.header.offset, e.header.end_offset, e.header.server_id,
-                 e.header.gtid, e.header.timestamp_ms) for e in entries]  # fmt: skip
-
-    assert spans(got) == spans(expected)  # the wire carries no per-entry GTID state
+    assert spans(got) == spans(expected)
     health = node.health()
     assert health is not None
     reader = health["destinations"][node.destination]["reader"]

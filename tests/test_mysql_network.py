@@ -12,17 +12,16 @@ as the local reader, reads ``SHOW BINARY LOG STATUS`` (8.4) or ``SHOW MASTER STA
 from __future__ import annotations
 
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from mysql_fixtures import FIXTURES, Reading, rows, wait_for
 from mysql_replay import MySQLReplayServer
 from pymysqlreplication.event import QueryEvent, XidEvent
-from test_mysql_local import FIXTURES, rows, wait_for
 
-from canal_protocol.entry import Entry, EntryType
+from canal_protocol.entry import EntryType
 from canal_protocol.errors import BinlogConfigError, PurgedPosition
 from canal_protocol.gtid import GtidSet
 from canal_protocol.positions import EntryPosition
@@ -34,7 +33,6 @@ from canal_server.parse.binlog_stream import (
     next_event,
     open_stream,
 )
-from canal_server.parse.reader import BinlogReader, ReaderConfig
 
 ENUM = "rmc__mysql-enum-string-set.000001"  # MySQL 8.0, FULL metadata, GTIDs uuid:1-5
 UUID = "93e95066-a2f4-11ec-9b69-9657f0ae95e2"
@@ -51,42 +49,6 @@ def _serve(tmp: Path, files: dict[str, str], **kw: Any) -> MySQLReplayServer:
 def server(tmp_path: Path) -> Iterator[MySQLReplayServer]:
     with _serve(tmp_path, {BINLOG: ENUM}) as srv:
         yield srv
-
-
-class Reading:
-    """A BinlogReader on the replay server, in a thread."""
-
-    def __init__(self, srv: MySQLReplayServer, gtid_mode: bool = False) -> None:
-        self.entries: list[Entry] = []
-        self.error: BaseException | None = None
-        config = ReaderConfig(srv.dsn(), slave_id=4711, gtid_mode=gtid_mode, heartbeat_s=1.0)
-        self.reader = BinlogReader(config, self.entries.extend)
-
-    def start(self, start: EntryPosition) -> threading.Thread:
-        def run() -> None:
-            try:
-                self.reader.run(start)
-            except BaseException as exc:  # the test asserts on it
-                self.error = exc
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        return thread
-
-    def until(self, start: EntryPosition, end: tuple[str, int]) -> list[Entry]:
-        thread = self.start(start)
-        try:
-            wait_for(lambda: self.error is not None or self.at(end))
-        finally:
-            self.reader.stop()
-            thread.join(10)
-        if self.error is not None:
-            raise self.error
-        return self.entries
-
-    def at(self, end: tuple[str, int]) -> bool:
-        last = self.reader.last_position
-        return last is not None and (last.journal, last.offset) == end
 
 
 def test_mysql_flavour_reads_a_binlog_by_file_and_offset(server: MySQLReplayServer) -> None:

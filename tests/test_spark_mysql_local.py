@@ -18,9 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
+from mysql_fixtures import FIXTURES, SCHEMA, Run
 from node_fixtures import NodeProc, node_cluster, wait_leader  # noqa: F401  (fixture)
 from spark_fixtures import spark  # noqa: F401  (fixture)
-from test_mysql_local import FIXTURES, SCHEMA, Run
 
 from canal_client.spark import CanalOptions, fetch_table
 from canal_client.spark_rows import FIELDS, entry_rows

@@ -292,7 +292,7 @@ def test_the_ledger_keeps_every_entry_of_a_compressed_transaction(tmp_path: Any)
     event (274); their ``part`` orders them. The ledger keeps the three once each (it kept
     only the BEGIN), a replay from a floor after the BEGIN keeps the rest, and a batch
     that ends inside the transaction reaches no further than its last entry."""
-    from test_mysql_local import Run
+    from mysql_fixtures import Run
 
     from canal_client.packed import PackedBatch
     from canal_client.spark import Ledger, batch_end
