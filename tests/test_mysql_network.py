@@ -245,3 +245,24 @@ def test_wrong_password_is_refused_clearly(tmp_path: Path, version: str) -> None
         check_server_config(srv.dsn())
         with pytest.raises(BinlogConfigError, match=r"refused the database user.*db\.password"):
             check_server_config(srv.dsn(password="wrong"))
+
+
+def test_first_login_without_tls_does_the_full_caching_sha2_authentication(
+    tmp_path: Path,
+) -> None:
+    """MySQL 8's caching_sha2_password after a server start: no user is in its cache, so
+    no fast path; without TLS (canal-ha's default on loopback) the client asks for the
+    server's RSA public key and sends the password encrypted with it (pymysql needs
+    ``cryptography`` for that: in the ``server`` extra). A wrong password is refused
+    naming db.password there too; after one login the fast path serves, and a dump
+    (mysql-replication's own connections) reads the rows."""
+    with _serve(tmp_path, {BINLOG: ENUM}, password="s3cret") as srv:
+        with pytest.raises(BinlogConfigError, match=r"refused the database user.*db\.password"):
+            check_server_config(srv.dsn(password="wrong"))
+        assert (srv.full_auths, srv.key_requests) == (0, 1)
+        check_server_config(srv.dsn())
+        assert (srv.full_auths, srv.key_requests) == (1, 2)
+        check_server_config(srv.dsn())  # cached: the fast path, no key
+        assert (srv.full_auths, srv.key_requests) == (1, 2)
+        entries = Reading(srv).until(EntryPosition(BINLOG, 4), (BINLOG, 3331))
+        assert len(list(rows(entries))) == 3
