@@ -12,7 +12,8 @@ One Spark row per changed row (``FIELDS`` in order):
   table has no key and for DDL.
 * A DDL entry gives one row with ``is_ddl = true``, its ``sql`` and null maps.
 * ``(logfile, offset, row_index)`` identifies a change: the binlog event and the row in
-  it.
+  it (the rows events of one MySQL 8 compressed transaction all have its payload
+  event's offset: their entries' ``header.part`` tells them apart).
 
 Entries are ordered by their **key** (``EntryKey``): ``(logfile, offset)``, the event's
 start in the binlog of the database the destination reads, and across a database switch
@@ -21,9 +22,9 @@ It is also how the source recognises entries a server delivers twice. An **offse
 the source is the JSON dict
 ``{"v": 1, "total": n, "last": {"file": f, "pos": p, ...}, "batches": [ids]}`` (``last``
 also has the key's ``source``, ``gtid``, ``sub``, ``end``, ``part`` and ``snap`` when
-known): ``total`` entries since the query began, the key of the last of them, and the server batches
-they came in (the batch ids are a hint for re-fetching; the key and the count are what
-makes a replay exact).
+known): ``total`` entries since the query began, the key of the last of them, and the
+server batches they came in (the batch ids are a hint for re-fetching; the key and the
+count are what makes a replay exact).
 """
 
 from __future__ import annotations
