@@ -2,8 +2,10 @@
 
 No MySQL server can be installed on these machines, so the network path of the MySQL
 flavour is tested against this *test double of the network peer*: it speaks the client
-protocol (handshake v10 with ``mysql_native_password`` or the ``caching_sha2_password``
-fast path, text result sets, OK/ERR/EOF packets) well enough for pymysql and
+protocol (handshake v10 with ``mysql_native_password`` or ``caching_sha2_password``: its
+fast path for a user in the server's cache, else the full authentication a first login
+does without TLS, the client asking for the server's RSA public key and sending the
+password encrypted with it; text result sets, OK/ERR/EOF packets) well enough for pymysql and
 mysql-replication, answers the queries canal-ha and the library send (``SELECT
 VERSION()``, ``SHOW BINARY LOG STATUS`` / ``SHOW MASTER STATUS`` as the version has
 them, ``SHOW BINARY LOGS``, ``@@gtid_executed``, ``@@gtid_purged``, ``@@server_id``,
@@ -27,6 +29,7 @@ syntax error and recorded in ``unknown``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import re
@@ -187,6 +190,36 @@ class ReplayError(Exception):
         self.code, self.message, self.state = code, message, state
 
 
+@functools.cache
+def _rsa_key() -> Any:
+    """The server's RSA key pair (caching_sha2_password's full authentication)."""
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _rsa_public_pem() -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return bytes(
+        _rsa_key()
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+
+
+def _rsa_decrypt(data: bytes) -> bytes:
+    """RSA-OAEP with SHA-1 (what MySQL's sha2 authentication uses); b"" if it fails."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    oaep = padding.OAEP(mgf=padding.MGF1(hashes.SHA1()), algorithm=hashes.SHA1(), label=None)
+    try:
+        return bytes(_rsa_key().decrypt(data, oaep))
+    except ValueError:
+        return b""
+
+
 class _Conn:
     """Packets on one client socket."""
 
@@ -264,8 +297,11 @@ class MySQLReplayServer:
     unknown: list[str] = field(default_factory=list)
     dumps: list[dict[str, Any]] = field(default_factory=list)
     heartbeats: int = 0  # HEARTBEAT events sent
+    full_auths: int = 0  # caching_sha2_password logins that sent the password RSA-encrypted
+    key_requests: int = 0  # requests for the RSA public key
 
     def __post_init__(self) -> None:
+        self._auth_cache: set[str] = set()  # caching_sha2_password: users logged in since start
         self._stop = threading.Event()
         self._listener: socket.socket | None = None
         self._threads: list[threading.Thread] = []
@@ -417,6 +453,8 @@ class MySQLReplayServer:
         at = end + 1
         n = data[at]  # a length-encoded (or, without 0x200000, one-byte) length: < 251 here
         auth = data[at + 1 : at + 1 + n]
+        if plugin == "caching_sha2_password" and self.password and user not in self._auth_cache:
+            return self._full_auth(conn, user, salt)  # the cache is empty: no fast path
         if user != self.user or auth != self._scramble(plugin, salt):
             conn.error(
                 ReplayError(
@@ -428,6 +466,31 @@ class MySQLReplayServer:
             return False
         if plugin == "caching_sha2_password":
             conn.write(b"\x01\x03")  # fast auth succeeded
+        conn.ok()
+        return True
+
+    def _full_auth(self, conn: _Conn, user: str, salt: bytes) -> bool:
+        """caching_sha2_password's full authentication without TLS: "perform full
+        authentication", the client asks for the public key (2) unless it has it, then
+        sends (password + NUL) XOR the scramble, RSA-OAEP encrypted with it."""
+        conn.write(b"\x01\x04")
+        data = conn.read()
+        if data == b"\x02":
+            self.key_requests += 1
+            conn.write(b"\x01" + _rsa_public_pem())
+            data = conn.read()
+        plain = bytes(b ^ salt[i % len(salt)] for i, b in enumerate(_rsa_decrypt(data)))
+        if user != self.user or plain != self.password.encode() + b"\0":
+            conn.error(
+                ReplayError(
+                    ER_ACCESS_DENIED,
+                    f"Access denied for user '{user}'@'localhost' (using password: YES)",
+                    "28000",
+                )
+            )
+            return False
+        self._auth_cache.add(user)
+        self.full_auths += 1
         conn.ok()
         return True
 

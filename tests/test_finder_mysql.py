@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from mysql_fixtures import FIXTURES
 from mysql_replay import MySQLReplayServer
-from test_mysql_local import FIXTURES
 
 from canal_protocol.errors import PurgedPosition
 from canal_protocol.positions import EntryPosition, LogIdentity, LogPosition
@@ -28,6 +29,7 @@ from canal_server.parse.finder import (
     FindReason,
     PositionFinder,
 )
+from canal_server.parse.local_reader import LocalBinlogReader, LocalReaderConfig
 from canal_server.parse.logposition import MemoryLogPositionManager
 
 DEST = "finder-mysql"
@@ -143,6 +145,82 @@ def test_history_inside_transaction_moves_when_reader_asks(server: MySQLReplaySe
         assert found.position.gtid == f"{ENUM_UUID}:1-3"
     at_end = LogPosition(history.identity, EntryPosition("mysql-bin.000003", 2659, 1, "", 1))
     assert _finder(at_end).find(_link(server)).reasons == (R.HISTORY,)
+
+
+@pytest.mark.parametrize("via", ["network", "local"])
+def test_history_inside_a_compressed_transaction_moves_to_its_gtid_event(
+    tmp_path: Path, via: str
+) -> None:
+    """MySQL 8.0.32's compressed transaction: anonymous GTID event at 197, its
+    TRANSACTION_PAYLOAD 274..431 holds BEGIN, rows and XID. A cursor after its BEGIN
+    (274, part 1) lies inside it: back to 197 (the payload is read again, the store
+    skips what the client has). Its END (431, part 0) is a boundary: it stays."""
+    shutil.copy(FIXTURES / "rmc__transaction_compression.000001", tmp_path / "mysql-bin.000001")
+    inside = EntryPosition("mysql-bin.000001", 274, 1, "", 1_000, part=1)
+    after = EntryPosition("mysql-bin.000001", 431, 1, "", 1_000)
+    with MySQLReplayServer(tmp_path, clock=CLOCK, variables={"gtid_mode": "OFF"}) as srv:
+        if via == "network":
+            link = _link(srv)
+        else:
+            config = LocalReaderConfig(str(tmp_path), "", poll_s=0.05, slave_id=SLAVE_ID)
+            link = LocalBinlogReader(config, lambda _: None).link()
+        identity = LogIdentity(link.address, SLAVE_ID, 1 if via == "network" else 0)
+        found = _finder(LogPosition(identity, inside)).find(link)
+        assert found.reasons == (R.HISTORY, R.MOVED_TO_TRANSACTION_BEGIN)
+        assert (found.position.offset, found.position.part) == (197, 0)
+        found = _finder(LogPosition(identity, after)).find(link)
+        assert found.reasons == (R.HISTORY,)
+        assert (found.position.offset, found.position.part) == (431, 0)
+
+
+def test_switch_to_promoted_standby_resumes_by_gtid_exactly(server: MySQLReplayServer) -> None:
+    """A history read from another server (another address) with a MySQL GTID set:
+    this server's own file and offset right after the transaction that completes the
+    set (GTIDs keep their origin across replicas), no time fallback. A set this server
+    does not hold all of (ahead of it) falls back by time, as Canal does."""
+    old = LogIdentity("127.0.0.1:1", SLAVE_ID, 77)
+    state = f"{ENUM_UUID}:1-3"
+    history = LogPosition(old, EntryPosition("old-bin.000042", 999, 77, state, T3 * 1000))
+    found = _finder(history).find(_link(server))
+    assert found.reasons == (R.SWITCH_BY_GTID,)
+    assert found.identity == LogIdentity(server.address, 0, 1)
+    assert (found.position.journal, found.position.offset) == ("mysql-bin.000003", 1560)
+    assert found.position.gtid == state
+    whole = replace(history, position=replace(history.position, gtid=f"{ENUM_UUID}:1-5"))
+    found = _finder(whole).find(_link(server))
+    assert (found.reason, found.position.offset) == (R.SWITCH_BY_GTID, 3331)
+    ahead = replace(history, position=replace(history.position, gtid=f"{ENUM_UUID}:1-9"))
+    fallback = _finder(ahead, fallback_interval_s=60).find(_link(server))
+    assert fallback.reasons == (R.FALLBACK_SOURCE_SWITCH,)
+
+
+@pytest.mark.parametrize(
+    ("numbers", "offset"),
+    [
+        ("1-10", 197),  # the file's PREVIOUS_GTIDS: after them
+        ("1-11", 378),  # after a DDL (a statement of its own)
+        ("1-12", 651),  # after a compressed transaction (its XID inside the payload)
+        ("1-13", 1283),
+        ("1-5", None),  # 6-10 were purged: the time fallback
+        ("1-14", None),  # ahead of the server: the time fallback
+    ],
+)
+def test_switch_by_gtid_reads_previous_gtids_and_the_gtid_events(
+    tmp_path: Path, numbers: str, offset: int | None
+) -> None:
+    """mysql-bin.000057 (MySQL 8.0.31) alone: PREVIOUS_GTIDS uuid:1-10, then GTIDs 11 (a
+    CREATE TABLE), 12 and 13 (compressed transactions)."""
+    shutil.copy(FIXTURES / "ape__mysql-bin.000057", tmp_path / "mysql-bin.000057")
+    state = f"76f3e7be-6720-11ed-9cad-0242ac110002:{numbers}"
+    pos = EntryPosition("old-bin.000009", 999, 77, state, CLOCK * 1000)
+    history = LogPosition(LogIdentity("127.0.0.1:1", SLAVE_ID, 77), pos)
+    with MySQLReplayServer(tmp_path, clock=CLOCK) as srv:
+        found = _finder(history, fallback_interval_s=60).find(_link(srv))
+    if offset is None:
+        assert found.reason is R.FALLBACK_SOURCE_SWITCH
+    else:
+        assert found.reasons == (R.SWITCH_BY_GTID,)
+        assert (found.position.journal, found.position.offset) == ("mysql-bin.000057", offset)
 
 
 def test_history_of_another_database_at_the_same_address_falls_back_at_once(

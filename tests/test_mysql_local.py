@@ -9,75 +9,18 @@ source projects' tests only count events for these files.
 from __future__ import annotations
 
 import shutil
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
+from mysql_fixtures import FIXTURES, Run, rows, wait_for
 
 from canal_protocol.entry import Entry, EntryType
 from canal_protocol.errors import BinlogConfigError
 from canal_protocol.gtid import GtidSet
 from canal_protocol.positions import EntryPosition
-from canal_server.parse.local_reader import LocalBinlogDir, LocalBinlogReader, LocalReaderConfig
+from canal_server.parse.local_reader import LocalBinlogDir
 
-FIXTURES = Path(__file__).parent / "fixtures" / "mysql"
-SCHEMA = FIXTURES / "schema.sql"
 A = "0123456789" * 12 + "012345678"  # 129 characters
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting for the reader"
-        time.sleep(0.02)
-
-
-class Run:
-    """A LocalBinlogReader over a directory holding ``files``, run in a thread."""
-
-    def __init__(self, tmp: Path, files: Sequence[str], schema: Path | None = SCHEMA) -> None:
-        for name in files:
-            shutil.copy(FIXTURES / name, tmp / name)
-        self.entries: list[Entry] = []
-        self.error: BaseException | None = None
-        config = LocalReaderConfig(str(tmp), str(schema or ""), poll_s=0.05, slave_id=7)
-        self.reader = LocalBinlogReader(config, self.entries.extend)
-        self.start = EntryPosition(sorted(files)[0], 4)
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.reader.run(self.start)
-        except BaseException as exc:  # the test asserts on it
-            self.error = exc
-
-    def until(self, position: tuple[str, int]) -> list[Entry]:
-        """Read until the last committed position is ``position``, then stop."""
-        self.thread.start()
-        try:
-            wait_for(lambda: self.error is not None or self._at(position))
-        finally:
-            self.reader.stop()
-            self.thread.join(10)
-        if self.error is not None:
-            raise self.error
-        return self.entries
-
-    def _at(self, position: tuple[str, int]) -> bool:
-        last = self.reader.last_position
-        return last is not None and (last.journal, last.offset) == position
-
-
-def rows(entries: Sequence[Entry]) -> Iterator[tuple[str, str, Any]]:
-    for e in entries:
-        if e.type is EntryType.ROWDATA and not e.is_ddl:
-            for r in e.rows:
-                before = {c.name: c.value for c in r.before} if r.before else None
-                after = {c.name: c.value for c in r.after} if r.after else None
-                yield e.header.table, e.header.event_type.value, (before, after)
 
 
 def test_enum_and_set_values_with_full_metadata(tmp_path: Path) -> None:
@@ -151,6 +94,29 @@ def test_compressed_transaction_payload(tmp_path: Path) -> None:
     )  # the file's PREVIOUS_GTIDS
 
 
+def test_entries_of_a_compressed_transaction_have_distinct_ordered_positions(
+    tmp_path: Path,
+) -> None:
+    """The payload's events are numbered (BEGIN 1, table map 2, rows 3, XID 4): the
+    entries inside it are at the payload's start with their part, its END at its end
+    (a boundary, part 0); every position differs and they are in order, on the wire
+    too (what a cursor and the store compare)."""
+    name = "rmc__transaction_compression.000001"
+    entries = Run(tmp_path, [name]).until((name, 431))
+    assert [e.header.part for e in entries] == [1, 3, 4]
+    positions = [e.position() for e in entries]
+    assert [(p.offset, p.part) for p in positions] == [(274, 1), (274, 3), (431, 0)]
+    assert sorted(positions) == positions and len(set(positions)) == 3
+    wire = [Entry.from_wire(e.to_wire()).position() for e in entries]
+    assert [(p.offset, p.part) for p in wire] == [(274, 1), (274, 3), (431, 0)]
+    assert EntryPosition.from_dict(positions[1].to_dict()) == positions[1]
+    old = positions[1].to_dict()
+    assert old.pop("part") == 3  # a position written before parts existed reads as 0
+    assert EntryPosition.from_dict(old).part == 0
+    assert "part" not in positions[2].to_dict()
+    assert entries[0].header.to_wire()["part"] == 1
+
+
 def test_mysql57_without_names_uses_the_schema_and_the_binlog_ddl(tmp_path: Path) -> None:
     """MySQL 5.7.40: `a`.`b` from the schema file, `a`.`emoji` from the CREATE TABLE
     earlier in the same binlog (utf8mb4 text)."""
@@ -221,7 +187,7 @@ def test_resume_from_a_position_inside_the_files(tmp_path: Path) -> None:
     and the GTID state is the file's PREVIOUS_GTIDS plus the GTIDs before the start."""
     name = "rmc__mysql-enum-string-set.000001"
     run = Run(tmp_path, [name])
-    run.start = EntryPosition(name, 1560)
+    run.first = EntryPosition(name, 1560)
     entries = run.until((name, 3331))
     assert [r[1] for r in rows(entries)] == ["UPDATE", "DELETE"]
     uuid = "93e95066-a2f4-11ec-9b69-9657f0ae95e2"
@@ -245,3 +211,38 @@ def test_partial_json_update_is_refused_with_the_reason(tmp_path: Path) -> None:
     )  # the full UPDATE before the partial one is delivered
     first = next(rows(run.entries))[2][1]
     assert first["id"] == 1 and first["name"] == "Joe" and first["age"] == 24
+
+
+@pytest.mark.parametrize(
+    ("name", "data_end", "size"),
+    [
+        ("rmc__transaction_compression.000001", 431, 475),  # ends with a ROTATE
+        ("rmc__binlog-invisible-columns.000001", 1787, 1810),  # ends with a STOP
+    ],
+)
+def test_binlog_end_is_after_the_last_transaction_once_the_reader_read_all(
+    tmp_path: Path, name: str, data_end: int, size: int
+) -> None:
+    """``/v1/health``'s binlog end of a ``local.dir`` destination: the newest file's size
+    while the reader has not read it all; once it has, and nothing after its last
+    transaction carries data (a ROTATE, a STOP), the reader's position. A Spark
+    availableNow run waits for the binlog end: an end after the trailing ROTATE was
+    never reached (the run waited ``availableNowStallS``)."""
+    run = Run(tmp_path, [name])
+    assert (tmp_path / name).stat().st_size == size
+    before = run.reader.binlog_end()
+    assert before is not None and (before["journal"], before["offset"]) == (name, size)
+    thread = run.start(run.first)
+    try:
+        wait_for(lambda: (run.reader.binlog_end() or {}).get("offset") == data_end)
+        last = run.reader.last_position
+        assert last is not None and (last.journal, last.offset) == (name, data_end)
+        end = run.reader.binlog_end()
+        assert end is not None and end["journal"] == name and end["gtid"] == last.gtid
+        with (tmp_path / name).open("ab") as f:  # more bytes (no whole event yet)
+            f.write(b"\0" * 7)
+        assert (run.reader.binlog_end() or {}).get("offset") == size + 7
+    finally:
+        run.reader.stop()
+        thread.join(10)
+    assert run.error is None

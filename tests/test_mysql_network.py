@@ -12,23 +12,27 @@ as the local reader, reads ``SHOW BINARY LOG STATUS`` (8.4) or ``SHOW MASTER STA
 from __future__ import annotations
 
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from mysql_fixtures import FIXTURES, Reading, rows, wait_for
 from mysql_replay import MySQLReplayServer
-from test_mysql_local import FIXTURES, rows, wait_for
+from pymysqlreplication.event import QueryEvent, XidEvent
 
-from canal_protocol.entry import Entry, EntryType
+from canal_protocol.entry import EntryType
 from canal_protocol.errors import BinlogConfigError, PurgedPosition
 from canal_protocol.gtid import GtidSet
 from canal_protocol.positions import EntryPosition
 from canal_server.instance import query_master_status
 from canal_server.parse.binlog_search import SqlBinlogInspector
-from canal_server.parse.binlog_stream import check_server_config
-from canal_server.parse.reader import BinlogReader, ReaderConfig
+from canal_server.parse.binlog_stream import (
+    check_server_config,
+    event_span,
+    next_event,
+    open_stream,
+)
 
 ENUM = "rmc__mysql-enum-string-set.000001"  # MySQL 8.0, FULL metadata, GTIDs uuid:1-5
 UUID = "93e95066-a2f4-11ec-9b69-9657f0ae95e2"
@@ -45,42 +49,6 @@ def _serve(tmp: Path, files: dict[str, str], **kw: Any) -> MySQLReplayServer:
 def server(tmp_path: Path) -> Iterator[MySQLReplayServer]:
     with _serve(tmp_path, {BINLOG: ENUM}) as srv:
         yield srv
-
-
-class Reading:
-    """A BinlogReader on the replay server, in a thread."""
-
-    def __init__(self, srv: MySQLReplayServer, gtid_mode: bool = False) -> None:
-        self.entries: list[Entry] = []
-        self.error: BaseException | None = None
-        config = ReaderConfig(srv.dsn(), slave_id=4711, gtid_mode=gtid_mode, heartbeat_s=1.0)
-        self.reader = BinlogReader(config, self.entries.extend)
-
-    def start(self, start: EntryPosition) -> threading.Thread:
-        def run() -> None:
-            try:
-                self.reader.run(start)
-            except BaseException as exc:  # the test asserts on it
-                self.error = exc
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        return thread
-
-    def until(self, start: EntryPosition, end: tuple[str, int]) -> list[Entry]:
-        thread = self.start(start)
-        try:
-            wait_for(lambda: self.error is not None or self.at(end))
-        finally:
-            self.reader.stop()
-            thread.join(10)
-        if self.error is not None:
-            raise self.error
-        return self.entries
-
-    def at(self, end: tuple[str, int]) -> bool:
-        last = self.reader.last_position
-        return last is not None and (last.journal, last.offset) == end
 
 
 def test_mysql_flavour_reads_a_binlog_by_file_and_offset(server: MySQLReplayServer) -> None:
@@ -236,6 +204,39 @@ def test_compressed_transaction_is_decoded_over_the_network(tmp_path: Path) -> N
         Reading(srv).until(EntryPosition(BINLOG, 4), ("never", 0))
 
 
+def test_events_inside_a_compressed_transaction_are_numbered_over_the_network(
+    tmp_path: Path,
+) -> None:
+    """The network dump's events go through the same decoder as the files: the events
+    inside the TRANSACTION_PAYLOAD (274..431) get their ``part`` (BEGIN 1, table map 2,
+    rows 3, XID 4), the entries' order inside the one position they share. (Rows are
+    not asked for: this table has no column names, the reader refuses it.)"""
+    compressed = {BINLOG: "rmc__transaction_compression.000001"}
+    with _serve(tmp_path, compressed, variables={"gtid_mode": "OFF"}) as srv:
+        stream = open_stream(
+            srv.dsn(),
+            4712,
+            journal=BINLOG,
+            offset=4,
+            blocking=False,
+            check_config=False,
+            only_events=(QueryEvent, XidEvent),
+        )
+        spans = []
+        try:
+            while (ev := next_event(stream)) is not None:
+                span = event_span(ev)
+                if not span.artificial:
+                    spans.append((type(ev).__name__, span.start, span.end, span.part))
+        finally:
+            stream.close()
+    inside = [s for s in spans if (s[1], s[2]) == (274, 431)]
+    assert [(name, part) for name, _, _, part in inside] == [
+        ("QueryEvent", 1), ("XidEvent", 4)
+    ]  # fmt: skip
+    assert all(part == 0 for _, _, end, part in spans if end != 431)
+
+
 @pytest.mark.parametrize("version", ["8.4.3", "8.0.36"])
 def test_wrong_password_is_refused_clearly(tmp_path: Path, version: str) -> None:
     """caching_sha2_password (8.x's default; its fast path) checks the scramble: a wrong
@@ -244,3 +245,24 @@ def test_wrong_password_is_refused_clearly(tmp_path: Path, version: str) -> None
         check_server_config(srv.dsn())
         with pytest.raises(BinlogConfigError, match=r"refused the database user.*db\.password"):
             check_server_config(srv.dsn(password="wrong"))
+
+
+def test_first_login_without_tls_does_the_full_caching_sha2_authentication(
+    tmp_path: Path,
+) -> None:
+    """MySQL 8's caching_sha2_password after a server start: no user is in its cache, so
+    no fast path; without TLS (canal-ha's default on loopback) the client asks for the
+    server's RSA public key and sends the password encrypted with it (pymysql needs
+    ``cryptography`` for that: in the ``server`` extra). A wrong password is refused
+    naming db.password there too; after one login the fast path serves, and a dump
+    (mysql-replication's own connections) reads the rows."""
+    with _serve(tmp_path, {BINLOG: ENUM}, password="s3cret") as srv:
+        with pytest.raises(BinlogConfigError, match=r"refused the database user.*db\.password"):
+            check_server_config(srv.dsn(password="wrong"))
+        assert (srv.full_auths, srv.key_requests) == (0, 1)
+        check_server_config(srv.dsn())
+        assert (srv.full_auths, srv.key_requests) == (1, 2)
+        check_server_config(srv.dsn())  # cached: the fast path, no key
+        assert (srv.full_auths, srv.key_requests) == (1, 2)
+        entries = Reading(srv).until(EntryPosition(BINLOG, 4), (BINLOG, 3331))
+        assert len(list(rows(entries))) == 3

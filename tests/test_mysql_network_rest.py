@@ -6,16 +6,12 @@ the same bytes (tests/test_mysql_local.py checks those values)."""
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 
+from mysql_fixtures import FIXTURES, Run, rest_entries, rows, spans
 from mysql_replay import MySQLReplayServer
 from node_fixtures import NodeProc, node_cluster, wait_leader  # noqa: F401
-from test_mysql_local import FIXTURES, Run, rows
-
-from canal_client.connector import SimpleConnector
-from canal_protocol.entry import Entry
 
 Cluster = Callable[..., list[NodeProc]]
 ENUM = "rmc__mysql-enum-string-set.000001"
@@ -41,29 +37,11 @@ def test_mysql_destination_serves_every_row_over_rest(
             },
         )
         wait_leader([node])
-        got: list[Entry] = []
-        conn = SimpleConnector(node.url, node.destination, "mysql-network")
-        conn.connect()
-        try:
-            conn.subscribe(".*\\..*", start="earliest")
-            deadline = time.monotonic() + 60
-            while not got or got[-1].position().offset != END:
-                assert time.monotonic() < deadline, f"only {len(got)} entries arrived"
-                batch = conn.get_without_ack(100, 2.0)
-                got.extend(batch.entries)
-                if batch.id != -1:
-                    conn.ack(batch.id)
-        finally:
-            conn.disconnect()
+        got = rest_entries(node.url, node.destination, "mysql-network", END)
         health = node.health()
         assert not mysql.unknown, mysql.unknown  # every statement sent is MySQL's
     assert list(rows(got)) == list(rows(expected))
-
-    def spans(entries: list[Entry]) -> list[tuple[int, int, int, str, int]]:
-        return [(e.header.offset, e.header.end_offset, e.header.server_id, e.header.gtid,
-                 e.header.timestamp_ms) for e in entries]  # fmt: skip
-
-    assert spans(got) == spans(expected)
+    assert spans(got, logfile=False) == spans(expected, logfile=False)
     assert {e.header.logfile for e in got} == {BINLOG}
     assert health is not None
     dest = health["destinations"][node.destination]

@@ -264,3 +264,41 @@ def test_origin_is_flushed_and_loaded_by_the_next_leader(
         assert other.clients() == []
     finally:
         other.deactivate(final_flush=False)
+
+
+def test_a_cursor_inside_a_compressed_transaction_round_trips_through_etcd(
+    etcd_endpoints: list[str],
+) -> None:
+    """A cursor after the first entries of a MySQL 8 compressed transaction keeps its
+    ``part`` through etcd; a cursor written without one (before parts existed) loads
+    with part 0."""
+    keys = Keys(f"/t-{uuid.uuid4().hex[:12]}")
+    coord = EtcdCoordinator(etcd_endpoints, timeout_s=ETCD_TIMEOUT_S)
+    inside = LogPosition(SOURCE, EntryPosition("mysql-bin.000001", 274, 1, "", 1000, part=3))
+    try:
+        first = PeriodicMetaManager(coord, keys, D, flush_period_ms=3_600_000)
+        first.activate(lead(coord, keys))
+        first.subscribe(C, "")
+        first.subscribe("old", "")
+        first.update_cursor(C, inside)
+        first.update_cursor("old", pos(431))
+        first.deactivate()  # the final flush
+        assert stored(coord, keys.cursor(D, C)) == {
+            "identity": SOURCE.to_dict(),
+            "position": {"journal": "mysql-bin.000001", "offset": 274, "server_id": 1,
+                         "gtid": "", "timestamp_ms": 1000, "included": False, "part": 3},
+        }  # fmt: skip
+        old = pos(431).to_dict()
+        assert "part" not in old["position"]
+        coord.put(keys.cursor(D, "old"), json.dumps(old).encode())
+        coord.delete(keys.running(D))
+        second = PeriodicMetaManager(coord, keys, D, flush_period_ms=3_600_000)
+        second.activate(lead(coord, keys, "n2"))
+        try:
+            assert second.cursor(C) == inside
+            assert second.cursor("old") == pos(431)
+        finally:
+            second.deactivate(final_flush=False)
+    finally:
+        coord.delete(keys.prefix, prefix=True)
+        coord.close()

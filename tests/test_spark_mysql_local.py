@@ -18,24 +18,24 @@ from typing import Any
 
 import httpx
 import pytest
+from mysql_fixtures import FIXTURES, SCHEMA, Run
 from node_fixtures import NodeProc, node_cluster, wait_leader  # noqa: F401  (fixture)
 from spark_fixtures import spark  # noqa: F401  (fixture)
-from test_mysql_local import FIXTURES, SCHEMA, Run
 
 from canal_client.spark import CanalOptions, fetch_table
 from canal_client.spark_rows import FIELDS, entry_rows
 from canal_protocol.errors import ConfigError
 
 Cluster = Callable[..., list[NodeProc]]
-# test_mysql_local_rest's files but the MySQL 8 compressed transaction: its BEGIN, rows
-# and XID all carry the TRANSACTION_PAYLOAD's one position (274), and the Spark source's
-# ledger keys entries by position, so it keeps only the first (the rows are lost; open)
+# test_mysql_local_rest's files. The MySQL 8 compressed transaction's BEGIN, rows and
+# XID all start at its TRANSACTION_PAYLOAD (274): their ``part`` tells them apart
 FILES = [
     "ape__mysql-bin.000080",  # 5.7.40: GTIDs, names from schema.sql and the binlog DDL
     "canal__tsdb_mysql-bin.000003",  # 5.7.19: anonymous, ALTER TABLEs between rows
     "rmc__mysql-enum-string-set.000001",  # 8.0.28: FULL metadata, ENUM/SET
+    "rmc__transaction_compression.000001",  # 8.0.32: a zstd TRANSACTION_PAYLOAD
 ]
-LAST = ("rmc__mysql-enum-string-set.000001", 3331)
+LAST = ("rmc__transaction_compression.000001", 431)
 COMPARED = [n for n, _ in FIELDS if n != "commit_ts"]  # a timestamp: compared apart
 
 
@@ -83,17 +83,23 @@ def test_mysql_fixture_files_through_the_spark_source_into_parquet(
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     names = [n for n, _ in FIELDS]
     want = [dict(zip(names, row, strict=True)) for e in expected_entries for row in entry_rows(e)]
-    df = canal_stream(spark, node, f"spark-mysql-{uuid.uuid4().hex[:6]}")
+    # the last file ends with a ROTATE: the run ends once everything before it is
+    # taken (the binlog end is the reader's position then), not after a stall
+    client = f"spark-mysql-{uuid.uuid4().hex[:6]}"
+    df = canal_stream(spark, node, client, availableNowStallS="3600")
     writer = df.writeStream.format("parquet").option("path", str(out))
     query = writer.option("checkpointLocation", str(ckpt)).trigger(availableNow=True)
     running = query.start()
-    running.awaitTermination(300)
+    try:
+        assert running.awaitTermination(300), "the availableNow run did not end"
+    finally:
+        running.stop()
     assert running.exception() is None, running.exception()
     got = sorted(
         (r.asDict(recursive=True) for r in spark.read.parquet(str(out)).collect()),
         key=lambda r: (FILES.index(r["logfile"]), r["offset"], r["row_index"]),
     )
-    assert len([r for r in want if not r["is_ddl"]]) == 7 + 21 + 3
+    assert len([r for r in want if not r["is_ddl"]]) == 7 + 21 + 3 + 1
     assert [as_compared(r) for r in got] == [as_compared(r) for r in want]
     assert [r["commit_ts"].timestamp() for r in got] == [r["commit_ts"].timestamp() for r in want]
     by_table: dict[str, list[dict[str, Any]]] = {}
@@ -110,6 +116,10 @@ def test_mysql_fixture_files_through_the_spark_source_into_parquet(
     assert wanshao[2] == {"id": "37", "name": "more2", "age": "123", "col2": "123",
                           "col1": "555", "col3": "666"}  # fmt: skip
     assert [int(w["id"]) for w in wanshao] == list(range(35, 53))
+    compressed = [r for r in got if r["logfile"] == FILES[3]]
+    assert [(r["table"], r["event_type"], r["after"]) for r in compressed] == [
+        ("tb1", "INSERT", {"id": "1"})
+    ]
 
 
 def test_typed_mode_on_a_local_destination_is_refused_naming_the_table(

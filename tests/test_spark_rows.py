@@ -293,3 +293,32 @@ def test_the_ledger_keeps_snapshot_entries_at_one_position_once_each() -> None:
     assert [it.key.snap for it in replay.items] == [3, 4, 5, 6, 0, 0, 0]
     end = batch_end(PackedBatch.of(Batch(2, [Entry.from_wire(e) for e in wire[:9]])))
     assert end.snap == 6 and keys[8] <= end < keys[9]
+
+
+def test_the_ledger_keeps_every_entry_of_a_compressed_transaction(tmp_path: Any) -> None:
+    """MySQL 8's compressed transaction: BEGIN, rows and END all start at its payload
+    event (274); their ``part`` orders them. The ledger keeps the three once each (it kept
+    only the BEGIN), a replay from a floor after the BEGIN keeps the rest, and a batch
+    that ends inside the transaction reaches no further than its last entry."""
+    from mysql_fixtures import Run
+
+    from canal_client.packed import PackedBatch
+    from canal_client.spark import Ledger, batch_end
+    from canal_protocol import Batch
+
+    name = "rmc__transaction_compression.000001"
+    entries = Run(tmp_path, [name]).until((name, 431))
+    packed = PackedBatch.of(Batch(1, entries)).entries
+    ledger = Ledger()
+    assert ledger.add(1, packed, source="db:1") == 3
+    keys = [it.key for it in ledger.items]
+    assert [(k.pos, k.part) for k in keys] == [(274, 1), (274, 3), (274, 4)]
+    assert keys == sorted(keys) and not keys[0].same_event(keys[1])
+    assert EntryKey.from_dict(keys[1].to_dict()) == keys[1] and "274#3" in str(keys[1])
+    assert ledger.add(2, packed[1:], source="db:1") == 0  # delivered again
+    replay = Ledger()
+    replay.reset(keys[0])  # committed through the BEGIN
+    assert replay.add(3, packed, source="db:1") == 2
+    head = batch_end(PackedBatch.of(Batch(2, entries[:2])))
+    assert keys[1] <= head < keys[2]
+    assert [r[COL["after"]] for r in entry_rows(entries[1])] == [{"id": "1"}]

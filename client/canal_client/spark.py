@@ -554,12 +554,18 @@ def batch_end(batch: Any) -> EntryKey:
         best = point_key(
             journal, int(end.offset), source, str(getattr(end, "gtid", "") or ""), snap
         )
+        best = replace(best, part=int(getattr(getattr(end, "position", None), "part", 0) or 0))
     for entry in list(batch.entries)[-1:]:
         header = entry.header
         get = header.get if isinstance(header, Mapping) else partial(getattr, header)
         stop = int(get("end_offset", 0) or get("offset", 0))
-        snap = int(get("snapshot", 0) or 0)
-        best = max(best, EntryKey.of(str(get("logfile", "")), stop, source=source, snap=snap))
+        snap, part = int(get("snapshot", 0) or 0), int(get("part", 0) or 0)
+        if part and entry.type != "TRANSACTIONEND":  # inside a compressed transaction
+            stop = int(get("offset", 0))
+        else:
+            part = 0
+        last = EntryKey.of(str(get("logfile", "")), stop, source=source, snap=snap, part=part)
+        best = max(best, last)
     return best
 
 
@@ -585,9 +591,9 @@ def _all_rows(entry: PackedEntry) -> tuple[int, str]:
     return (1 if entry.is_ddl else entry.rows if entry.columns else 0), ""
 
 
-def _event(key: EntryKey) -> tuple[str, str, int, int]:
+def _event(key: EntryKey) -> tuple[str, str, int, int, int]:
     """What ``EntryKey.same_event`` compares: the database, binlog place, snapshot ordinal."""
-    return key.source, key.file, key.pos, key.snap
+    return key.source, key.file, key.pos, key.part, key.snap
 
 
 @dataclass
@@ -603,7 +609,7 @@ class Ledger:
     items: list[_Item] = field(default_factory=list)
     batches: list[tuple[int, EntryKey]] = field(default_factory=list)  # fetch order
     prev: EntryKey | None = None  # the entry that arrived last (kept or not)
-    _places: dict[tuple[str, str, int, int], int] | None = field(default=None, repr=False)
+    _places: dict[tuple[str, str, int, int, int], int] | None = field(default=None, repr=False)
 
     @property
     def top(self) -> EntryKey:
@@ -971,7 +977,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         pos = (cursor or {}).get("position") or {}
         at = f"{pos.get('journal')}:{pos.get('offset')}" if pos else "unset"
         log.info("%s: committed through %s, the cursor is at %s", self._what(), key, at)
-        if key.snap:  # the cursor stops before a snapshot's entries at its offset
+        if key.snap or key.part:  # the cursor stops before the entries at its offset
             return False
         return key.end >= 0 and (pos.get("journal"), pos.get("offset")) == (key.file, key.end)
 

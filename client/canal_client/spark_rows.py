@@ -12,7 +12,8 @@ One Spark row per changed row (``FIELDS`` in order):
   table has no key and for DDL.
 * A DDL entry gives one row with ``is_ddl = true``, its ``sql`` and null maps.
 * ``(logfile, offset, row_index)`` identifies a change: the binlog event and the row in
-  it.
+  it (the rows events of one MySQL 8 compressed transaction all have its payload
+  event's offset: their entries' ``header.part`` tells them apart).
 
 Entries are ordered by their **key** (``EntryKey``): ``(logfile, offset)``, the event's
 start in the binlog of the database the destination reads, and across a database switch
@@ -20,10 +21,10 @@ start in the binlog of the database the destination reads, and across a database
 It is also how the source recognises entries a server delivers twice. An **offset** of
 the source is the JSON dict
 ``{"v": 1, "total": n, "last": {"file": f, "pos": p, ...}, "batches": [ids]}`` (``last``
-also has the key's ``source``, ``gtid``, ``sub``, ``end`` and ``snap`` when known): ``total``
-entries since the query began, the key of the last of them, and the server batches
-they came in (the batch ids are a hint for re-fetching; the key and the count are what
-makes a replay exact).
+also has the key's ``source``, ``gtid``, ``sub``, ``end``, ``part`` and ``snap`` when
+known): ``total`` entries since the query began, the key of the last of them, and the
+server batches they came in (the batch ids are a hint for re-fetching; the key and the
+count are what makes a replay exact).
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ class EntryKey:
     database it was read from, "" when not known), then ``snap``, the ordinal of an
     incremental snapshot's entries put at that position (0 for binlog entries; READ
     entries of one chunk share a binlog position). Two keys of the same (or an unknown)
-    source compare in that order. Keys of two databases (a database switch: other
+    source compare in that order, ``part`` (the entry's place inside a MySQL 8
+    compressed transaction, whose entries all start at its payload event; 0 outside
+    one) between ``pos`` and ``snap``. Keys of two databases (a database switch: other
     binlog names and offsets) compare by their transaction's GTID sequence number (same
     GTID domain), ``sub``, the entry's place in its transaction (0: its BEGIN; -1:
     unknown, after the known ones), and ``snap``; without GTIDs they fall back to binlog
@@ -103,6 +106,7 @@ class EntryKey:
     sub: int = -1
     end: int = -1
     snap: int = 0
+    part: int = 0
 
     @classmethod
     def of(cls, file: str, pos: int, **place: Any) -> EntryKey:
@@ -120,8 +124,8 @@ class EntryKey:
                     (theirs[1], other.sub if other.sub >= 0 else UNKNOWN_SUB, other.snap),
                 )
         return (
-            (self.base, self.number, self.pos, self.snap),
-            (other.base, other.number, other.pos, other.snap),
+            (self.base, self.number, self.pos, self.part, self.snap),
+            (other.base, other.number, other.pos, other.part, other.snap),
         )
 
     def __lt__(self, other: EntryKey) -> bool:
@@ -142,13 +146,15 @@ class EntryKey:
 
     def same_event(self, other: EntryKey) -> bool:
         """The same binlog event (or snapshot entry) of the same database."""
-        return (self.source, self.file, self.pos, self.snap) == (
-            other.source, other.file, other.pos, other.snap,
+        return (self.source, self.file, self.pos, self.part, self.snap) == (
+            other.source, other.file, other.pos, other.part, other.snap,
         )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"file": self.file, "pos": self.pos}
-        for name, unset in (("source", ""), ("gtid", ""), ("sub", -1), ("end", -1), ("snap", 0)):
+        unset_values = (("source", ""), ("gtid", ""), ("sub", -1), ("end", -1), ("part", 0),
+                        ("snap", 0))  # fmt: skip
+        for name, unset in unset_values:
             if getattr(self, name) != unset:
                 out[name] = getattr(self, name)
         return out
@@ -158,13 +164,13 @@ class EntryKey:
         return cls.of(
             str(d["file"]), int(d["pos"]), source=str(d.get("source", "")),
             gtid=str(d.get("gtid", "")), sub=int(d.get("sub", -1)), end=int(d.get("end", -1)),
-            snap=int(d.get("snap", 0)),
+            snap=int(d.get("snap", 0)), part=int(d.get("part", 0)),
         )  # fmt: skip
 
     def __str__(self) -> str:
         if not self.file:
             return "(start)"
-        snap = f"+r{self.snap}" if self.snap else ""
+        snap = (f"#{self.part}" if self.part else "") + (f"+r{self.snap}" if self.snap else "")
         return f"{self.file}:{self.pos}{snap}" + (f" ({self.gtid})" if self.gtid else "")
 
 
@@ -213,7 +219,7 @@ def entry_key(entry: Any) -> EntryKey:
     return EntryKey.of(
         str(_get(header, "logfile", "")), int(_get(header, "offset", 0)),
         gtid=str(_get(header, "gtid", "") or ""), end=int(_get(header, "end_offset", -1)),
-        snap=int(_get(header, "snapshot", 0) or 0),
+        snap=int(_get(header, "snapshot", 0) or 0), part=int(_get(header, "part", 0) or 0),
     )  # fmt: skip
 
 

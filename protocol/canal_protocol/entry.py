@@ -327,9 +327,11 @@ class Header:
     table: str = ""
     event_type: EventType = EventType.QUERY
     snapshot: int = 0  # an incremental snapshot's entry: its ordinal at this binlog position
+    part: int = 0  # an entry from inside a compressed transaction payload: 1, 2, ... in it
 
     def to_wire(self) -> dict[str, Any]:
-        """The wire dict; ``snapshot`` only on the entries of an incremental snapshot."""
+        """The wire dict; ``snapshot`` only on the entries of an incremental snapshot,
+        ``part`` only on those of a compressed transaction (MySQL 8 TRANSACTION_PAYLOAD)."""
         out: dict[str, Any] = {
             "logfile": self.logfile,
             "offset": self.offset,
@@ -343,6 +345,8 @@ class Header:
         }
         if self.snapshot:
             out["snapshot"] = self.snapshot
+        if self.part:
+            out["part"] = self.part
         return out
 
     @classmethod
@@ -359,6 +363,7 @@ class Header:
             str(d.get("table", "")),
             EventType(d.get("event_type") or "QUERY"),
             int(d.get("snapshot", 0)),
+            int(d.get("part", 0)),
         )
 
 
@@ -389,16 +394,19 @@ class Entry:
         return len(self.images) if self.images is not None else 0
 
     def position(self) -> EntryPosition:
-        """Where reading resumes after this entry."""
+        """Where reading resumes after this entry; inside a compressed transaction
+        (``header.part``) the payload's start and the part, except for its END."""
         h = self.header
+        inside = h.part > 0 and self.type is not EntryType.TRANSACTIONEND
         return EntryPosition(
             journal=h.logfile,
-            offset=h.end_offset,
+            offset=h.offset if inside else h.end_offset,
             server_id=h.server_id,
             gtid=self.gtid_state,
             timestamp_ms=h.timestamp_ms,
             included=True,
             snapshot=h.snapshot,
+            part=h.part if inside else 0,
         )
 
     @property

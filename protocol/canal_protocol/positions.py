@@ -42,9 +42,15 @@ class EntryPosition:
     consumed, resume after it). ``snapshot`` orders the READ entries of an incremental
     snapshot that sit at one binlog position: 0 for binlog entries, 1, 2, ... for the
     snapshot entries put after the binlog reached that position (docs/snapshot.md).
+    ``part`` orders the entries of one MySQL 8 compressed transaction (one
+    TRANSACTION_PAYLOAD event holds them all): a position with a part lies inside the
+    transaction whose payload event *starts* at ``offset``, after its event number
+    ``part`` (1, 2, ...; resume: read that transaction again, skipping what lies at or
+    before the position); its TRANSACTIONEND's position is the payload's end with part
+    0, like every position between transactions. Dict forms without it read as 0.
     """
 
-    sort_key: tuple[tuple[str, int], int, int] = field(init=False, repr=False)
+    sort_key: tuple[tuple[str, int], int, int, int] = field(init=False, repr=False)
     journal: str = ""
     offset: int = 0
     server_id: int = 0
@@ -52,6 +58,7 @@ class EntryPosition:
     timestamp_ms: int = 0
     included: bool = False
     snapshot: int = 0
+    part: int = 0
 
     def __post_init__(self) -> None:
         if self.offset < 0:
@@ -60,11 +67,14 @@ class EntryPosition:
             raise ValueError(f"timestamp_ms must be >= 0, not {self.timestamp_ms}")
         if self.snapshot < 0:
             raise ValueError(f"snapshot must be >= 0, not {self.snapshot}")
-        key = (journal_seq(self.journal), self.offset, self.snapshot)
+        if self.part < 0:
+            raise ValueError(f"part must be >= 0, not {self.part}")
+        key = (journal_seq(self.journal), self.offset, self.part, self.snapshot)
         object.__setattr__(self, "sort_key", key)
 
     def to_dict(self) -> dict[str, Any]:
-        """The dict form; ``snapshot`` only when it is not 0 (binlog positions keep their form)."""
+        """The dict form; ``snapshot`` and ``part`` only when not 0 (binlog positions keep
+        their form)."""
         out: dict[str, Any] = {
             "journal": self.journal,
             "offset": self.offset,
@@ -75,6 +85,8 @@ class EntryPosition:
         }
         if self.snapshot:
             out["snapshot"] = self.snapshot
+        if self.part:
+            out["part"] = self.part
         return out
 
     @classmethod
@@ -87,12 +99,14 @@ class EntryPosition:
             timestamp_ms=int(d.get("timestamp_ms", 0)),
             included=bool(d.get("included", False)),
             snapshot=int(d.get("snapshot", 0)),
+            part=int(d.get("part", 0)),
         )
 
     def __str__(self) -> str:
         gtid = f" gtid={self.gtid}" if self.gtid else ""
         snap = f"+r{self.snapshot}" if self.snapshot else ""
-        return f"{self.journal}:{self.offset}{snap}{gtid} ts={self.timestamp_ms}"
+        part = f"#{self.part}" if self.part else ""
+        return f"{self.journal}:{self.offset}{part}{snap}{gtid} ts={self.timestamp_ms}"
 
 
 @dataclass(frozen=True, order=True)

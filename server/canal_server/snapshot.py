@@ -745,7 +745,7 @@ class _Runner:
         doc); the position of its last entry (or of the reader, if every row was
         dropped), None when the chunk is void."""
         term, sink = self.term, self.term.sink
-        target = (journal_seq(chunk.journal), chunk.offset, 0)
+        target = (journal_seq(chunk.journal), chunk.offset, 0, 0)
         since = time.monotonic()
         gtid_at: str | None = None
         while True:

@@ -304,9 +304,10 @@ class EventStore:
     def last_starting_by(self, journal: str, offset: int) -> StoredEvent | None:
         """The last stored event whose entry starts at or before ``journal``:``offset``
         (binlog order; an entry's header start, not its resume position). The entries of
-        an incremental snapshot put at that very offset come after it (their
-        ``header.snapshot`` orders them): never passed over, at worst delivered again."""
-        key = (journal_seq(journal), offset, 0)
+        an incremental snapshot put at that very offset, and those of a compressed
+        transaction starting there, come after it (``header.part`` and ``.snapshot``
+        order them): never passed over, at worst delivered again."""
+        key = (journal_seq(journal), offset, 0, 0)
         with self._lock:
             idx = bisect.bisect_right(
                 range(self._head, len(self._events)),
@@ -314,6 +315,7 @@ class EventStore:
                 key=lambda i: (
                     journal_seq(self._events[i].entry.header.logfile),
                     self._events[i].entry.header.offset,
+                    self._events[i].entry.header.part,
                     self._events[i].entry.header.snapshot,
                 ),
             )

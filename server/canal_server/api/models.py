@@ -106,6 +106,11 @@ class EntryPositionIn(_Request):
     gtid: str = Field(default="", max_length=MAX_FILTER_LEN)
     timestamp_ms: int = Field(default=0, ge=0, le=MAX_INT64)
     included: bool = True
+    part: int = Field(
+        default=0, ge=0, le=MAX_INT64,
+        description="inside a MySQL 8 compressed transaction: the place after its n-th "
+        "event (offset = its payload's start); 0 elsewhere",
+    )  # fmt: skip
 
 
 class PositionIn(_Request):
@@ -196,6 +201,12 @@ class HeaderOut(BaseModel):
     schema_: str = Field(alias="schema")
     table: str
     event_type: str
+    part: int = Field(
+        default=0,
+        description="only on the entries of a MySQL 8 compressed transaction (one "
+        "TRANSACTION_PAYLOAD event, the offset and end_offset of them all): 1, 2, ... their "
+        "order in it",
+    )
 
 
 class ColumnsOut(BaseModel):

@@ -39,7 +39,7 @@ from pymysqlreplication.event import (
 )
 
 from canal_protocol.errors import PositionNotFound, PurgedPosition
-from canal_protocol.gtid import GtidSet
+from canal_protocol.gtid import GtidSet, is_mysql_gtid_set
 from canal_protocol.positions import journal_seq
 from canal_server.parse import binlog_stream
 from canal_server.parse.event_decoder import AnonymousGtidEvent, PreviousGtidsEvent
@@ -60,6 +60,7 @@ __all__ = [
     "classify",
     "is_mariadb_gtid_state",
     "locate_gtid_state",
+    "locate_mysql_gtid_set",
     "mysql_gtid_at",
     "open_group_start",
 ]
@@ -193,12 +194,11 @@ class SqlBinlogInspector:
 def mysql_gtid_at(conn: Mapping[str, Any], slave_id: int, journal: str, offset: int) -> str:
     """A MySQL server's GTID state at a binlog position: the file's PREVIOUS_GTIDS plus
     the GTIDs of the transactions that start before ``offset`` ("" without GTIDs)."""
-    stream = binlog_stream.open_stream(
-        conn, slave_id, journal=journal, offset=BINLOG_START_OFFSET, blocking=False,
-        only_events=(RotateEvent, PreviousGtidsEvent, GtidEvent), check_config=False,
-    )  # fmt: skip
     state: GtidSet | None = None
-    try:
+    only = (RotateEvent, PreviousGtidsEvent, GtidEvent)
+    with binlog_stream.peek_stream(
+        conn, slave_id, journal=journal, offset=BINLOG_START_OFFSET, only_events=only
+    ) as stream:
         while (ev := _next(stream, journal, BINLOG_START_OFFSET)) is not None:
             span = binlog_stream.event_span(ev)
             if isinstance(ev, RotateEvent) and ev.next_binlog != journal:
@@ -212,8 +212,6 @@ def mysql_gtid_at(conn: Mapping[str, Any], slave_id: int, journal: str, offset: 
             elif isinstance(ev, GtidEvent):
                 uuid, _, number = str(ev.gtid).rpartition(":")
                 state = (state or GtidSet()).add(uuid, int(number))
-    finally:
-        stream.close()
     return "" if state is None else str(state)
 
 
@@ -242,23 +240,16 @@ _SEARCH_EVENTS = (
 
 
 class StreamEventSource:
-    """``EventSource`` over non-blocking binlog dumps (``binlog_stream.open_stream``)."""
+    """``EventSource`` over non-blocking binlog dumps (``binlog_stream.peek_stream``)."""
 
     def __init__(self, conn: Mapping[str, Any], slave_id: int) -> None:
         self._conn = conn
         self._slave_id = slave_id
 
     def read(self, journal: str, offset: int) -> Generator[BinlogEvent, None, None]:
-        stream = binlog_stream.open_stream(
-            self._conn,
-            self._slave_id,
-            journal=journal,
-            offset=offset,
-            blocking=False,
-            only_events=_SEARCH_EVENTS,
-            check_config=False,
-        )
-        try:
+        with binlog_stream.peek_stream(
+            self._conn, self._slave_id, journal=journal, offset=offset, only_events=_SEARCH_EVENTS
+        ) as stream:
             while (ev := _next(stream, journal, offset)) is not None:
                 if isinstance(ev, RotateEvent) and ev.next_binlog != journal:
                     return  # end of this file (or the server switched files)
@@ -268,8 +259,6 @@ class StreamEventSource:
                 yield BinlogEvent(
                     span.start, span.end, span.timestamp, classify(ev), span.server_id
                 )
-        finally:
-            stream.close()
 
 
 _MARIADB_STATE = re.compile(r"^\d+-\d+-\d+(,\d+-\d+-\d+)*$")
@@ -281,26 +270,92 @@ def is_mariadb_gtid_state(state: str) -> bool:
 
 
 def locate_gtid_state(conn: Mapping[str, Any], slave_id: int, state: str) -> tuple[str, int]:
-    """The file and offset where the MariaDB GTID state ``state`` ends in the binlog of
-    the server at ``conn``: its own coordinates, whatever server wrote ``state``.
+    """The file and offset where the MariaDB GTID state ``state`` (or the MySQL GTID set,
+    ``locate_mysql_gtid_set``) ends in the binlog of the server at ``conn``: its own
+    coordinates, whatever server wrote ``state``.
 
     A GTID dump from ``state`` sends a fake Gtid_list event whose log position is the
     exact point where the server starts sending (after every group ``state`` holds).
     PurgedPosition when the server's binlog does not hold ``state`` (purged, or ahead).
     """
-    stream = binlog_stream.open_stream(
-        conn, slave_id, gtid=state, blocking=False, check_config=False
-    )
+    if is_mysql_gtid_set(state):
+        return locate_mysql_gtid_set(conn, slave_id, state)
     journal = ""
-    try:
+    with binlog_stream.peek_stream(conn, slave_id, gtid=state) as stream:
         while (ev := binlog_stream.next_event(stream)) is not None:
             if isinstance(ev, RotateEvent):
                 journal = ev.next_binlog
             elif isinstance(ev, MariadbGtidListEvent) and binlog_stream.event_span(ev).artificial:
                 return journal, binlog_stream.event_span(ev).end
-    finally:
-        stream.close()
     raise PositionNotFound(f"the GTID dump from {state} sent no start point")
+
+
+def locate_mysql_gtid_set(conn: Mapping[str, Any], slave_id: int, state: str) -> tuple[str, int]:
+    """Where a MySQL server's binlog first holds every transaction of the GTID set
+    ``state``: the end of the transaction that completes it (or the end of a file's
+    PREVIOUS_GTIDS that holds it all), in the server's own file and offset.
+
+    As MySQL's dump thread picks its file: the newest binlog whose PREVIOUS_GTIDS is a
+    subset of ``state``, read from there on (its PREVIOUS_GTIDS, then its GTID events).
+    PurgedPosition when even the oldest file's PREVIOUS_GTIDS holds transactions
+    ``state`` lacks (what follows ``state`` was purged); PositionNotFound when the
+    binlog never holds all of ``state`` (it is ahead of this server).
+    """
+    want = GtidSet.parse(state)
+    files = SqlBinlogInspector(conn, slave_id).binary_logs()
+    start = None
+    for i in reversed(range(len(files))):
+        before = mysql_gtid_at(conn, slave_id, files[i].name, BINLOG_START_OFFSET)
+        if GtidSet.parse(before) <= want:
+            start = i
+            break
+    if start is None:
+        oldest = files[0].name if files else "(none)"
+        raise PurgedPosition(
+            f"the oldest binlog {oldest} starts after transactions the GTID set {state} "
+            "lacks (they were purged)"
+        )
+    for f in files[start:]:
+        end = _completing_end(conn, slave_id, f.name, want)
+        if end is not None:
+            return f.name, end
+    raise PositionNotFound(f"the binlog does not hold every transaction of {state}")
+
+
+_GTID_SCAN_EVENTS = (RotateEvent, PreviousGtidsEvent, GtidEvent, QueryEvent, XidEvent)
+
+
+def _completing_end(
+    conn: Mapping[str, Any], slave_id: int, journal: str, want: GtidSet
+) -> int | None:
+    """The end of the first group of ``journal`` after which its PREVIOUS_GTIDS and
+    GTIDs so far hold ``want`` (the PREVIOUS_GTIDS' end when they do); None if none."""
+    have, group = GtidSet(), None
+    with binlog_stream.peek_stream(
+        conn, slave_id, journal=journal, offset=BINLOG_START_OFFSET, only_events=_GTID_SCAN_EVENTS
+    ) as stream:
+        while (ev := _next(stream, journal, BINLOG_START_OFFSET)) is not None:
+            if isinstance(ev, RotateEvent) and ev.next_binlog != journal:
+                break
+            span = binlog_stream.event_span(ev)
+            if span.artificial or isinstance(ev, RotateEvent):
+                continue
+            kind = classify(ev)
+            if isinstance(ev, PreviousGtidsEvent):
+                have = have | ev.gtids
+            elif isinstance(ev, GtidEvent):
+                uuid, _, number = str(ev.gtid).rpartition(":")
+                have = have.add(uuid, int(number))
+            if kind in _GROUP_STARTS:
+                group = kind
+                continue
+            event = BinlogEvent(span.start, span.end, span.timestamp, kind, span.server_id)
+            ends = _ends_group(event, group)
+            if ends:
+                group = None
+            if (ends or isinstance(ev, PreviousGtidsEvent)) and want <= have:
+                return span.end
+    return None
 
 
 def _next(stream: Any, journal: str, offset: int) -> Any:
@@ -454,14 +509,18 @@ class BinlogSearch:
                 found = ev.timestamp or found
         return found or self.first_event_time(journal)
 
-    def transaction_begin(self, journal: str, offset: int) -> int:
+    def transaction_begin(self, journal: str, offset: int, inside: bool = False) -> int:
         """Start of the transaction that ``offset`` falls inside, else ``offset``.
 
         Cheap when ``offset`` is a boundary: the events from there are read up to the
         first that opens or closes a group; only when a group closes first (``offset``
         lies inside it) is the file scanned from its start for the group's first event.
+        ``inside``: ``offset`` is known to lie inside a group (a position with a part:
+        the start of a compressed transaction's payload, after its GTID event).
         """
-        if offset <= BINLOG_START_OFFSET or self._opens_group(journal, offset):
+        if offset <= BINLOG_START_OFFSET:
+            return offset
+        if not inside and self._opens_group(journal, offset):
             return offset
         with closing(self.source.read(journal, BINLOG_START_OFFSET)) as events:
             start = open_group_start(events, offset)

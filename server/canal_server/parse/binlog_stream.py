@@ -54,7 +54,7 @@ import socket
 import ssl
 import struct
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +87,7 @@ __all__ = [
     "is_mysql",
     "next_event",
     "open_stream",
+    "peek_stream",
     "server_version",
     "tls_context",
 ]
@@ -418,6 +419,17 @@ def open_stream(
     )
 
 
+@contextlib.contextmanager
+def peek_stream(conn: Mapping[str, Any], server_id: int, **where: Any) -> Iterator[Any]:
+    """A non-blocking stream (``open_stream`` without the server checks) for a look into
+    the binlog (the finder's searches, GTID states), closed when the block ends."""
+    stream = open_stream(conn, server_id, blocking=False, check_config=False, **where)
+    try:
+        yield stream
+    finally:
+        stream.close()
+
+
 def _guarded(conn: Mapping[str, Any], query: Any) -> Any:
     """A query made before the dump, its errors translated like ``next_event``'s."""
     try:
@@ -515,13 +527,16 @@ def interrupt(stream: BinLogStreamReader) -> None:
 class EventSpan:
     """Where an event lies: ``start`` (what SHOW BINLOG EVENTS calls Pos), ``end``
     (End_log_pos, where the next event starts), the origin ``server_id``,
-    ``timestamp`` (s) and ``artificial`` (fake Rotate, or sent with log_pos 0)."""
+    ``timestamp`` (s), ``artificial`` (fake Rotate, or sent with log_pos 0) and ``part``
+    (1, 2, ...: its place inside a MySQL transaction payload that spans start..end; 0
+    for an event of its own, ``EventDecoder``)."""
 
     start: int
     end: int
     server_id: int
     timestamp: int
     artificial: bool
+    part: int = 0
 
 
 def event_span(ev: Any) -> EventSpan:
@@ -537,4 +552,5 @@ def event_span(ev: Any) -> EventSpan:
     size = int(packet.event_size)
     artificial = end == 0 or int(ev.timestamp) == 0
     start = end - size if end >= size and not artificial else end
-    return EventSpan(start, end, int(packet.server_id), int(ev.timestamp), artificial)
+    part = int(getattr(packet, "part", 0))
+    return EventSpan(start, end, int(packet.server_id), int(ev.timestamp), artificial, part)

@@ -18,7 +18,9 @@ MySQL event types handled here:
   decompressed (zstd, or none) and its events decoded in order; they carry no checksum
   and log_pos 0 in their headers, so each is given the payload event's own span (start
   and end offset): every entry of a compressed transaction points at its payload event,
-  and its end (after the XID) is the payload's end.
+  and its end (after the XID) is the payload's end. ``ev.packet.part`` numbers the events
+  inside one payload 1, 2, ... (0 for every other event): the entries' ``part``, which
+  orders them within the one position they share.
 - ``PARTIAL_UPDATE_ROWS_EVENT`` (39, ``binlog_row_value_options=PARTIAL_JSON``): refused
   with a ``BinlogConfigError`` giving the reason (its after image holds JSON diffs, not
   the values; applying them is not implemented).
@@ -102,9 +104,10 @@ def read_header(raw: bytes, at: int = 0) -> Header:
 class _Span:
     """What ``binlog_stream.event_span`` reads of ``ev.packet``."""
 
-    def __init__(self, header: Header, log_pos: int, size: int) -> None:
+    def __init__(self, header: Header, log_pos: int, size: int, part: int = 0) -> None:
         self.log_pos = log_pos
         self.event_size = size
+        self.part = part  # 1, 2, ...: the event's place inside a transaction payload
         self.server_id = header.server_id
         self.timestamp = header.timestamp
         self.event_type = header.type
@@ -269,7 +272,7 @@ class EventDecoder:
         body = raw[HEADER_LEN : len(raw) - (4 if self.checksum else 0)]
         inner = _payload(body, where)
         out: list[Any] = []
-        at = 0
+        at, part = 0, 0
         while at < len(inner):
             if len(inner) - at < HEADER_LEN:
                 raise BinlogError(f"{where}: truncated event inside a transaction payload")
@@ -277,7 +280,8 @@ class EventDecoder:
             if h.size < HEADER_LEN or at + h.size > len(inner):
                 raise BinlogError(f"{where}: bad event size {h.size} inside a transaction payload")
             event_raw = inner[at : at + h.size]
-            inner_span = _Span(h, span.log_pos, span.event_size)
+            part += 1
+            inner_span = _Span(h, span.log_pos, span.event_size, part)
             out.extend(self._one(event_raw, inner_span, False))
             at += h.size
         return out
@@ -301,6 +305,7 @@ class EventDecoder:
         if ev is None:
             return [SkippedEvent(span)]
         ev.packet.log_pos, ev.packet.event_size = span.log_pos, span.event_size
+        ev.packet.part = span.part
         if isinstance(ev, lib_rows.TableMapEvent):
             table = ev.get_table()
             self.table_map[ev.table_id] = table

@@ -41,6 +41,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from canal_protocol.errors import BinlogError, ConfigError, PositionNotFound, PurgedPosition
+from canal_protocol.gtid import is_mysql_gtid_set
 from canal_protocol.positions import EntryPosition, LogIdentity, LogPosition
 from canal_server.parse.binlog_search import (
     BINLOG_START_OFFSET,
@@ -289,11 +290,13 @@ class _Run:
         return before is not None and before != self.server_id()
 
     def by_gtid(self, history: LogPosition) -> tuple[EntryPosition, FindReason] | None:
-        """Another database: where the history's MariaDB GTID state ends in its binlog
-        (GTIDs keep their origin across replicas: an exact start, no replay). None when
-        the history has no such state or this database's binlog does not hold it."""
+        """Another database: where the history's MariaDB GTID state (or MySQL GTID set)
+        ends in its binlog (GTIDs keep their origin across replicas: an exact start, no
+        replay). None when the history has no such state or this database's binlog does
+        not hold it."""
         state = history.position.gtid
-        if self.link.locate_gtid is None or not is_mariadb_gtid_state(state):
+        known = is_mariadb_gtid_state(state) or is_mysql_gtid_set(state)
+        if self.link.locate_gtid is None or not known:
             return None
         try:
             journal, offset = self.link.locate_gtid(state)
@@ -404,15 +407,15 @@ class _Run:
     ) -> FoundPosition:
         reasons = [reason]
         if need_begin or reason in (FindReason.CONFIG_POSITION, FindReason.HISTORY):
-            begin = self.search.transaction_begin(pos.journal, pos.offset)
-            if begin != pos.offset:
+            begin = self.search.transaction_begin(pos.journal, pos.offset, pos.part > 0)
+            if begin != pos.offset or pos.part:
                 log.warning(
                     "%s: %s is inside a transaction; starting at its BEGIN %d",
                     self.dest,
                     pos,
                     begin,
                 )
-                pos = replace(pos, offset=begin, gtid="")
+                pos = replace(pos, offset=begin, gtid="", part=0)
                 reasons.append(FindReason.MOVED_TO_TRANSACTION_BEGIN)
         if not pos.gtid:
             pos = replace(pos, gtid=self.link.inspector.gtid_at(pos.journal, pos.offset))

@@ -270,6 +270,8 @@ class LocalBinlogReader:
         self._sink = sink
         self._stop = threading.Event()
         self._last: EntryPosition | None = None
+        self._cursor: _FileCursor | None = None  # where the reading is (the thread's)
+        self._asm: TransactionAssembler | None = None
         self._dir = LocalBinlogDir(config.directory)
         self._source: Mapping[str, Any] = {"host": LOCAL_PREFIX.rstrip(":"), "port": 0}
 
@@ -305,17 +307,31 @@ class LocalBinlogReader:
         )
 
     def binlog_end(self) -> dict[str, Any] | None:
-        """The newest file and its size (``/v1/health``'s binlog end)."""
+        """``/v1/health``'s binlog end: the newest file and its size; once the reader has
+        read all of it outside a transaction, its position (after the last transaction:
+        what follows carries no data, e.g. a ROTATE or STOP ending the file, which no
+        entry's position would ever reach)."""
         try:
             journal, offset = LocalBinlogInspector(self._dir).master_status()
         except (BinlogError, OSError):
             return None
+        gtid, read = "", self._read_all(journal, offset)
+        if read is not None:
+            journal, offset, gtid = read.journal, read.offset, read.gtid
         return {
             "journal": journal,
             "offset": offset,
-            "gtid": "",
+            "gtid": gtid,
             "source_address": self._dir.address,
         }
+
+    def _read_all(self, journal: str, size: int) -> EntryPosition | None:
+        """The reader's position when it has read ``journal`` to ``size`` (the offset
+        moves on after an event is handled) and is not inside a transaction."""
+        cursor, asm, last = self._cursor, self._asm, self._last
+        if cursor is None or asm is None or last is None or asm.in_transaction:
+            return None
+        return last if (cursor.journal, cursor.offset) == (journal, size) else None
 
     # -- control
 
@@ -333,6 +349,7 @@ class LocalBinlogReader:
         inspector = LocalBinlogInspector(self._dir)
         state = start.gtid or inspector.gtid_at(start.journal, start.offset)
         asm = TransactionAssembler(self._sink, start, state, self.config.transaction_size)
+        self._asm = asm
         for journal, events in self._journals(start):
             asm.journal = journal
             for ev in events:
@@ -368,13 +385,13 @@ class LocalBinlogReader:
                 f"{self.config.destination}: binlog {start.journal} is not in "
                 f"{self._dir.path} (its files: {', '.join(names) or 'none'}); {OPERATOR_HINT}"
             )
-        cursor = _FileCursor(self._dir, start.journal, start.offset)
+        cursor = self._cursor = _FileCursor(self._dir, start.journal, start.offset)
         while not self._stop.is_set():
             yield cursor.journal, cursor.events()
             seq = journal_seq(cursor.journal)
             later = [f.name for f in self._dir.files() if journal_seq(f.name) > seq]
             if later and cursor.at_end():
-                cursor = _FileCursor(self._dir, later[0], BINLOG_START_OFFSET)
+                cursor = self._cursor = _FileCursor(self._dir, later[0], BINLOG_START_OFFSET)
             else:
                 self._stop.wait(self.config.poll_s)  # the newest file: wait for more
 

@@ -165,6 +165,11 @@ class TransactionAssembler:
         self._decoder = RowsDecoder()
 
     @property
+    def in_transaction(self) -> bool:
+        """A transaction is open (its END not read yet)."""
+        return self._in_tx
+
+    @property
     def resume_skip(self) -> tuple[str, int]:
         """What to skip after resuming from ``committed``: the open transaction's
         delivered entries, or the skip not yet reached."""
@@ -199,6 +204,7 @@ class TransactionAssembler:
             server_id=span.server_id,
             timestamp_ms=span.timestamp * 1000,
             gtid=self._gtid,
+            part=span.part,
             **kw,
         )
 
