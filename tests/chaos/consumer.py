@@ -3,11 +3,13 @@
 Run as a process (so a scenario can SIGKILL it)::
 
     python tests/chaos/consumer.py --etcd URL[,URL] --prefix P --destination D \
-        --client-id C --tag T --out FILE [--stall-after N]
+        --client-id C --tag T --out FILE [--stall-after N] [--ack-on-get]
 
 For each non-empty batch it appends one JSON line ``{"ev": "batch", "seq", "t", "id",
 "epoch", "url", "ch": [[table, k, op, v], ...]}`` (flushed) *before* acking, then
-``{"ev": "ack", "seq", "t"}`` after the ack returned. Only row changes of the tables
+``{"ev": "ack", "seq", "t"}`` after the ack returned. ``--ack-on-get`` acks each batch
+on the next get instead, as ``canal-ha consume`` does (its ack line carries the time
+that get was sent). Only row changes of the tables
 ``{tag}_*`` are listed (``op`` I/U/D, R for the rows of an incremental snapshot, ``v``
 the after-image version, the before-image one for deletes). ``--stall-after N``: after
 logging the N-th batch, never ack and write ``{"ev": "stalled"}`` (the scenario then
@@ -64,6 +66,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--client-ttl", type=float, default=2.0)
     p.add_argument("--switch-delay", type=float, default=0.5)
     p.add_argument("--stall-after", type=int, default=0)
+    p.add_argument(
+        "--ack-on-get", action="store_true", help="ack each batch on the next get (as consume)"
+    )
     return p.parse_args(argv)
 
 
@@ -110,8 +115,13 @@ def main(argv: list[str] | None = None) -> int:
             # the load runs before the first consumer subscribes: from the destination's
             # oldest held change (a new subscription starts at the end by default)
             connector.subscribe("", start="earliest")
+            pending: int | None = None  # --ack-on-get: the batch the next get acks
             while True:
-                batch = connector.get_without_ack(args.batch_size, 1.0)
+                sent = time.time()
+                batch = connector.get_without_ack(args.batch_size, 1.0, ack=pending)
+                if pending is not None:  # logged at the send: the earliest it can count
+                    _write(out, {"ev": "ack", "seq": seq, "t": sent})
+                    pending = None
                 if batch.is_empty:
                     continue
                 seq += 1
@@ -124,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
                     _write(out, {"ev": "stalled", "t": time.time()})
                     while True:
                         time.sleep(3600)
+                if args.ack_on_get:
+                    pending = batch.id
+                    continue
                 connector.ack(batch.id)
                 _write(out, {"ev": "ack", "seq": seq, "t": time.time()})
         except _Stop:

@@ -135,7 +135,7 @@ class Nemesis:
         )  # fmt: skip
         for d in DESTINATIONS:
             for c in CLIENTS:
-                self.run.start_consumer(c, d)
+                self.run.start_consumer(c, d, *consumer_args(c))
         self.run.wait_subscribed()
         self.run.start_load()
         self.run.wait_consumers_ready()
@@ -299,6 +299,12 @@ def db_failover(n: Nemesis) -> None:
     wait_until(lambda: writer.errors > errors, "the writer noticed", WAIT_S)
 
 
+def consumer_args(client: str) -> tuple[str, ...]:
+    """The last client of each destination acks on its next get (``canal-ha consume``'s
+    way), the others with a separate ack."""
+    return ("--ack-on-get",) if client == CLIENTS[-1] else ()
+
+
 def consumer_kill_before_ack(n: Nemesis) -> None:
     d, c = n.rng.choice(DESTINATIONS), n.rng.choice(CLIENTS)
     consumer = n.run.consumers[(d, c)][-1]
@@ -306,7 +312,7 @@ def consumer_kill_before_ack(n: Nemesis) -> None:
     consumer.process.signal(signal.SIGUSR1)
     n.run.log_has(consumer, "stalled", RECOVERY_S)
     consumer.process.kill()
-    n.run.start_consumer(c, d)
+    n.run.start_consumer(c, d, *consumer_args(c))
 
 
 Move = Callable[[Nemesis], None]

@@ -22,9 +22,10 @@ def _kill_leader(run: ChaosRun) -> None:
 
 
 @pytest.mark.chaos
-def test_leader_sigkill_once(sandbox: Sandbox, chaos_run: MakeRun) -> None:
+@pytest.mark.parametrize("ack", ["separate", "on-get"])
+def test_leader_sigkill_once(sandbox: Sandbox, chaos_run: MakeRun, ack: str) -> None:
     run = chaos_run(sandbox).start(3)
-    run.start_consumer("c1")
+    run.start_consumer("c1", DEST, *(["--ack-on-get"] if ack == "on-get" else []))
     run.wait_consumers_ready()
     _kill_leader(run)
     result = run.finish(dup_window_s=WINDOW_S)
