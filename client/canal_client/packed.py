@@ -72,26 +72,36 @@ def _columns(raw: Any) -> Columns | None:
     )
 
 
-def _entry(up: msgpack.Unpacker, view: memoryview) -> PackedEntry:
-    begin = up.tell()
+def _entry(up: msgpack.Unpacker, view: memoryview, known: dict[bytes, Any]) -> PackedEntry:
+    """One entry; ``known``: the values of the batch's ``columns`` so far, by their bytes
+    (the same table map comes again and again: decoded once)."""
+    tell, unpack = up.tell, up.unpack
+    begin = tell()
     fields: dict[str, Any] = {}
     rows = 0
     for _ in range(up.read_map_header()):
-        key = up.unpack()
+        key = unpack()
         if key in _IMAGES:
-            rows = max(rows, array_length(view, up.tell()))
+            rows = max(rows, array_length(view, tell()))
             up.skip()
+        elif key == "columns":
+            at = tell()
+            up.skip()
+            raw = bytes(view[at : tell()])
+            if raw not in known:
+                known[raw] = _columns(msgpack.unpackb(raw, raw=False, strict_map_key=False))
+            fields[key] = known[raw]
         elif key == "rows":  # the verbose layout: not what the source asks for
             raise UnexpectedResponse("a batch in the `rows` layout; the source needs `compact`")
         else:
-            fields[key] = up.unpack()
+            fields[key] = unpack()
     header = fields.get("header")
     return PackedEntry(
         type=str(fields.get("type", "")),
         header=header if isinstance(header, Mapping) else {},
         is_ddl=bool(fields.get("is_ddl", False)),
         sql=str(fields.get("sql") or ""),
-        columns=_columns(fields.get("columns")),
+        columns=fields.get("columns"),
         rows=rows,
         data=view[begin : up.tell()],
     )
@@ -117,10 +127,12 @@ class PackedBatch:
         up.feed(data)
         try:
             found: dict[str, Any] = {}
+            known: dict[bytes, Any] = {}
             for _ in range(up.read_map_header()):
                 key = up.unpack()
                 if key == "entries":
-                    found[key] = tuple(_entry(up, view) for _ in range(up.read_array_header()))
+                    count = up.read_array_header()
+                    found[key] = tuple(_entry(up, view, known) for _ in range(count))
                 else:
                     found[key] = up.unpack()
         except (ValueError, msgpack.UnpackException, msgpack.OutOfData) as exc:

@@ -619,8 +619,7 @@ class Ledger:
         return self.floor <= lo and hi <= self.top
 
     def _place(self, entry: PackedEntry, source: str) -> EntryKey:
-        raw = entry_key(entry)
-        key = replace(raw, source=source)
+        key = entry_key(entry, source)
         prev, sub = self.prev, -1
         if entry.type == "TRANSACTIONBEGIN":
             sub = 0
@@ -628,9 +627,13 @@ class Ledger:
             sub = self.floor.sub
         elif (known := self._held(key)) is not None:
             sub = known
-        elif prev is not None and prev.sub >= 0 and raw.gtid and prev.gtid == raw.gtid:
+        elif prev is not None and prev.sub >= 0 and key.gtid and prev.gtid == key.gtid:
             sub = prev.sub + 1 if prev.source == source else -1
-        key = replace(key, sub=sub)
+        if sub != key.sub:  # as ``replace(key, sub=sub)``, cheaper
+            k = key
+            key = EntryKey(
+                k.base, k.number, k.pos, k.file, k.source, k.gtid, sub, k.end, k.snap, k.part
+            )
         self.prev = key
         return key
 

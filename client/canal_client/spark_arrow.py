@@ -130,8 +130,10 @@ def _column_text(values: Sequence[Any], way: pa.DataType | str) -> pa.Array:
         if isinstance(way, pa.DataType):
             array = pa.array(values, way)
             return array if way == pa.string() else array.cast(pa.string())
-        if way == "b64":
-            return pa.array([None if v is None else _b64(v) for v in values], pa.string())
+        if way == "b64":  # base64 as bytes, made text by Arrow (ASCII: valid UTF-8)
+            b2a = binascii.b2a_base64
+            encoded = [None if v is None else b2a(v, newline=False) for v in values]
+            return pa.array(encoded, pa.binary()).cast(pa.string())
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
         pass  # not of the declared type: value by value
     return pa.array([value_text(v) for v in values], pa.string())

@@ -35,6 +35,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 __all__ = [
@@ -213,13 +214,15 @@ def _text(value: Any) -> str:
     return str(getattr(value, "value", value))
 
 
-def entry_key(entry: Any) -> EntryKey:
-    """The key of an entry from its header (no source, place in its transaction unknown)."""
+def entry_key(entry: Any, source: str = "", sub: int = -1) -> EntryKey:
+    """The key of an entry from its header (``source`` and ``sub``: see ``EntryKey``;
+    by default no source, place in its transaction unknown)."""
     header = _get(entry, "header")
+    get = header.get if type(header) is dict else partial(_get, header)  # a wire dict: fast
     return EntryKey.of(
-        str(_get(header, "logfile", "")), int(_get(header, "offset", 0)),
-        gtid=str(_get(header, "gtid", "") or ""), end=int(_get(header, "end_offset", -1)),
-        snap=int(_get(header, "snapshot", 0) or 0), part=int(_get(header, "part", 0) or 0),
+        str(get("logfile", "")), int(get("offset", 0)), source=source,
+        gtid=str(get("gtid", "") or ""), sub=sub, end=int(get("end_offset", -1)),
+        snap=int(get("snapshot", 0) or 0), part=int(get("part", 0) or 0),
     )  # fmt: skip
 
 
