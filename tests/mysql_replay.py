@@ -456,14 +456,7 @@ class MySQLReplayServer:
         if plugin == "caching_sha2_password" and self.password and user not in self._auth_cache:
             return self._full_auth(conn, user, salt)  # the cache is empty: no fast path
         if user != self.user or auth != self._scramble(plugin, salt):
-            conn.error(
-                ReplayError(
-                    ER_ACCESS_DENIED,
-                    f"Access denied for user '{user}'@'localhost' (using password: YES)",
-                    "28000",
-                )
-            )
-            return False
+            return _deny(conn, user)
         if plugin == "caching_sha2_password":
             conn.write(b"\x01\x03")  # fast auth succeeded
         conn.ok()
@@ -481,14 +474,7 @@ class MySQLReplayServer:
             data = conn.read()
         plain = bytes(b ^ salt[i % len(salt)] for i, b in enumerate(_rsa_decrypt(data)))
         if user != self.user or plain != self.password.encode() + b"\0":
-            conn.error(
-                ReplayError(
-                    ER_ACCESS_DENIED,
-                    f"Access denied for user '{user}'@'localhost' (using password: YES)",
-                    "28000",
-                )
-            )
-            return False
+            return _deny(conn, user)
         self._auth_cache.add(user)
         self.full_auths += 1
         conn.ok()
@@ -767,3 +753,15 @@ class MySQLReplayServer:
         flags = struct.unpack_from("<H", raw, 17)[0] & ~IN_USE_F
         out = raw[:13] + struct.pack("<I", 0) + struct.pack("<H", flags) + raw[19:]
         return _with_checksum(out[:-4]) if checksum else out
+
+
+def _deny(conn: _Conn, user: str) -> bool:
+    """MySQL's answer to a wrong user or password (1045); False: the login failed."""
+    conn.error(
+        ReplayError(
+            ER_ACCESS_DENIED,
+            f"Access denied for user '{user}'@'localhost' (using password: YES)",
+            "28000",
+        )
+    )
+    return False
