@@ -32,7 +32,9 @@ Cluster = Callable[..., list[NodeProc]]
 FILES = [
     "ape__mysql-bin.000080",  # 5.7.40: GTIDs, names from schema.sql and the binlog DDL
     "canal__tsdb_mysql-bin.000003",  # 5.7.19: anonymous, ALTER TABLEs between rows
+    "rmc__binlog-invisible-columns.000001",  # 8.0: invisible columns, unsigned; ends: STOP
     "rmc__mysql-enum-string-set.000001",  # 8.0.28: FULL metadata, ENUM/SET
+    "rmc__mysql_type_bit.000001",  # 8.0: BIT(3), BIT(6)
     "rmc__transaction_compression.000001",  # 8.0.32: a zstd TRANSACTION_PAYLOAD
 ]
 LAST = ("rmc__transaction_compression.000001", 431)
@@ -99,7 +101,7 @@ def test_mysql_fixture_files_through_the_spark_source_into_parquet(
         (r.asDict(recursive=True) for r in spark.read.parquet(str(out)).collect()),
         key=lambda r: (FILES.index(r["logfile"]), r["offset"], r["row_index"]),
     )
-    assert len([r for r in want if not r["is_ddl"]]) == 7 + 21 + 3 + 1
+    assert len([r for r in want if not r["is_ddl"]]) == 7 + 21 + 3 + 3 + 1 + 1
     assert [as_compared(r) for r in got] == [as_compared(r) for r in want]
     assert [r["commit_ts"].timestamp() for r in got] == [r["commit_ts"].timestamp() for r in want]
     by_table: dict[str, list[dict[str, Any]]] = {}
@@ -116,7 +118,10 @@ def test_mysql_fixture_files_through_the_spark_source_into_parquet(
     assert wanshao[2] == {"id": "37", "name": "more2", "age": "123", "col2": "123",
                           "col1": "555", "col3": "666"}  # fmt: skip
     assert [int(w["id"]) for w in wanshao] == list(range(35, 53))
-    compressed = [r for r in got if r["logfile"] == FILES[3]]
+    assert by_table["t1"][0]["after"] == {"f1": "1", "f2": "2", "f3": "-3", "f4": "4",
+                                         "f5": "BQ==", "f6": "6000000000"}  # fmt: skip
+    assert by_table["foo"][0]["after"] == {"a": "4", "b": "foo", "c": "32"}  # BIT(3) b'100'
+    compressed = [r for r in got if r["logfile"] == FILES[-1]]
     assert [(r["table"], r["event_type"], r["after"]) for r in compressed] == [
         ("tb1", "INSERT", {"id": "1"})
     ]
