@@ -472,9 +472,8 @@ class Connector:
 
             def op(session: _Session) -> tuple[Any, _Session]:
                 path = f"{self._base()}/batches"
-                sent = body if ack is None else {**body, "ack": ack}
-                if ack is not None and self._stale_ack(ack, session):
-                    sent = body
+                acking = ack is not None and not self._stale_ack(ack, session)
+                sent = {**body, "ack": ack} if acking else body
                 reply = self._request(
                     session, "POST", path, sent, extra_timeout_s=timeout_s,
                     tuples=not packed, raw=packed,
