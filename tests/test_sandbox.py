@@ -174,6 +174,16 @@ def test_purge_binary_logs(make_sandbox) -> None:  # type: ignore[no-untyped-def
     assert not set(purged) & set(db.binlog_files())
 
 
+def test_settled_master_status_counts_the_late_checkpoint(make_sandbox) -> None:  # type: ignore[no-untyped-def]
+    db = make_sandbox().primary
+    db.execute("CREATE DATABASE t_settle", "FLUSH BINARY LOGS")
+    journal, offset = db.settled_master_status()
+    events = db.execute(f"SHOW BINLOG EVENTS IN '{journal}'")
+    assert offset == int(events[-1][4])  # the end of the last event: nothing comes after it
+    checkpoints = [str(e[5]) for e in events if e[2] == "Binlog_checkpoint"]
+    assert checkpoints[-1] == journal
+
+
 def test_failed_start_names_the_part_and_its_log(tmp_path: Path) -> None:
     cluster = EtcdCluster(tmp_path / "etcd", 1)
     member = cluster.members[0]

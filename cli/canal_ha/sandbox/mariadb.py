@@ -308,6 +308,26 @@ class MariaDBServer:
         row = self.execute("SHOW MASTER STATUS")[0]
         return str(row[0]), int(row[1])
 
+    def settled_master_status(self, timeout_s: float = 30.0) -> tuple[str, int]:
+        """The binlog end once MariaDB's own writes after a rotation are done.
+
+        After a rotation MariaDB writes a ``Binlog_checkpoint`` naming the new file from a
+        background thread, once the older file's transactions are durable: a read of the
+        end before it lands is 45 bytes short. Waits until the newest checkpoint in the
+        current file names that file (nothing else is written then while no client writes).
+        """
+        end: list[tuple[str, int]] = []
+
+        def settled() -> bool:
+            status = self.master_status()
+            events = self.execute(f"SHOW BINLOG EVENTS IN '{status[0]}'")
+            names = [str(e[5]) for e in events if e[2] == "Binlog_checkpoint"]
+            end[:] = [status]
+            return bool(names) and names[-1] == status[0] and self.master_status() == status
+
+        wait_until(settled, "the binlog checkpoint of the current file", timeout_s)
+        return end[0]
+
     def purge_binary_logs(self, timeout_s: float = 30.0) -> list[str]:
         """Rotate, then purge every binlog before the new current one; the purged names.
 
