@@ -11,10 +11,10 @@ import subprocess
 import sys
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
+from node_fixtures import json_row_ids
 
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
@@ -156,15 +156,6 @@ def leader_url(workdir: Path) -> str:
     return str(state["destinations"]["example"]["leader"]["url"])
 
 
-def row_ids(batch: dict[str, Any]) -> list[int]:
-    return [
-        next(c["value"] for c in r["after"] if c["name"] == "id")
-        for e in batch["entries"]
-        if e["type"] == "ROWDATA"
-        for r in e["rows"]
-    ]
-
-
 def take_rows(url: str, client: str, want: set[int]) -> list[int]:
     """Get and ack batches of ``client`` until every id in ``want`` was seen."""
     seen: list[int] = []
@@ -175,7 +166,7 @@ def take_rows(url: str, client: str, want: set[int]) -> list[int]:
             assert r.status_code == 200, r.text
             batch = r.json()
             assert batch["id"] != -1, f"no more rows; got {seen}, want {sorted(want)}"
-            seen += row_ids(batch)
+            seen += json_row_ids(batch)
             assert http.post(f"{base}/batches/{batch['id']}/ack").status_code == 200
     return seen
 

@@ -16,11 +16,18 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import SandboxFactory
-from node_fixtures import DEST, WAIT_S, NodeProc, start_nodes, wait_leader
+from node_fixtures import (
+    DEST,
+    WAIT_S,
+    NodeProc,
+    client_path,
+    json_row_ids,
+    start_nodes,
+    wait_leader,
+)
 
 from canal_cluster.etcd_coordinator import EtcdCoordinator
 from canal_cluster.keys import Keys
@@ -54,22 +61,10 @@ def nodes(box: Sandbox, tmp_path: Path) -> Iterator[list[NodeProc]]:
             node.process.stop(timeout_s=20)
 
 
-def _base(client: str) -> str:
-    return f"/v1/destinations/{DEST}/clients/{client}"
-
-
-def _ids(batch: dict[str, Any]) -> list[int]:
-    return [
-        next(c["value"] for c in r["after"] if c["name"] == "id")
-        for e in batch["entries"]
-        for r in e["rows"]
-    ]
-
-
 def _subscribe(node: NodeProc, client: str) -> None:
     def ok() -> bool:
         with node.client() as http:
-            return bool(http.put(f"{_base(client)}/subscription", json={}).status_code == 200)
+            return bool(http.put(f"{client_path(client)}/subscription", json={}).status_code == 200)
 
     wait_until(ok, f"{node.id} serves {client}", WAIT_S)
 
@@ -81,15 +76,15 @@ def _read_until(node: NodeProc, client: str, want: set[int], timeout_s: float) -
     deadline = time.monotonic() + timeout_s
     with node.client() as http:
         while not want <= set(got) and time.monotonic() < deadline:
-            r = http.post(f"{_base(client)}/batches", json={"size": 10, "timeout_ms": 2_000})
+            r = http.post(f"{client_path(client)}/batches", json={"size": 10, "timeout_ms": 2_000})
             if r.status_code != 200:
                 time.sleep(0.2)  # 503 while the leader starts
                 continue
             batch = r.json()
             if batch["id"] == -1:
                 continue
-            got += _ids(batch)
-            assert http.post(f"{_base(client)}/batches/{batch['id']}/ack").status_code == 200
+            got += json_row_ids(batch)
+            assert http.post(f"{client_path(client)}/batches/{batch['id']}/ack").status_code == 200
     return got
 
 
@@ -101,7 +96,7 @@ def _cursor(coord: EtcdCoordinator, prefix: str, client: str) -> LogPosition | N
 def _flushed(coord: EtcdCoordinator, node: NodeProc, client: str) -> LogPosition:
     """The client's cursor once etcd has what the leader has."""
     with node.client() as http:
-        want = http.get(f"{_base(client)}/cursor").json()["cursor"]
+        want = http.get(f"{client_path(client)}/cursor").json()["cursor"]
 
     def same() -> bool:
         got = _cursor(coord, node.prefix, client)
