@@ -326,17 +326,21 @@ def _table_map_packet(table_id: int, body: bytes, crc: bytes) -> bytes:
 def test_table_map_cache_forgets_on_other_bytes_under_the_same_id() -> None:
     stream = SimpleNamespace(table_map={}, _BinLogStreamReader__use_checksum=True)
     maps = binlog_stream._TableMaps(stream)
-    maps.see(_table_map_packet(7, b"\x00\x00db.t-int", b"AAAA"))
-    maps.see(_table_map_packet(8, b"\x00\x00db.u-int", b"AAAA"))
+    assert not maps.see(_table_map_packet(7, b"\x00\x00db.t-int", b"AAAA"))  # to the library
+    assert not maps.see(_table_map_packet(8, b"\x00\x00db.u-int", b"AAAA"))
     stream.table_map.update({7: "parsed t", 8: "parsed u"})  # as the library does
-    maps.see(_table_map_packet(7, b"\x00\x00db.t-int", b"BBBB"))  # same body, other crc
-    maps.see(_table_map_packet(8, b"\x00\x00db.u-int", b"CCCC"))
+    # same body, other crc: dropped before the library (True)
+    assert maps.see(_table_map_packet(7, b"\x00\x00db.t-int", b"BBBB"))
+    assert maps.see(_table_map_packet(8, b"\x00\x00db.u-int", b"CCCC"))
     assert stream.table_map == {7: "parsed t", 8: "parsed u"} and maps.hits == 2
+    del stream.table_map[8]  # a rotate empties the library's map: parsed again
+    assert not maps.see(_table_map_packet(8, b"\x00\x00db.u-int", b"DDDD"))
+    stream.table_map[8] = "parsed u"
     maps.see(_table_map_packet(7, b"\x00\x00db.t-varchar", b"DDDD"))  # same id, new metadata
-    assert stream.table_map == {8: "parsed u"} and maps.misses == 3
+    assert stream.table_map == {8: "parsed u"} and maps.misses == 4
     stream.table_map[7] = "parsed t-varchar"
     maps.see(_table_map_packet(7, b"\x00\x00db.t-int", b"EEEE"))  # the old bytes again
-    assert stream.table_map == {8: "parsed u"} and maps.misses == 4
+    assert stream.table_map == {8: "parsed u"} and maps.misses == 5
     rows = b"\x00" + struct.pack("<IBIIIH", 1, 0x1E, 1, 40, 999, 0) + (8).to_bytes(6, "little")
     maps.see(rows + bytes(15))  # not a table map: nothing dropped
     assert stream.table_map == {8: "parsed u"}

@@ -22,8 +22,8 @@ Fixes of the library's behaviour, applied to the streams opened here only:
   its own last committed position. No global of the library is changed.
 - **Table maps parsed once.** MariaDB writes a TABLE_MAP event before the rows of every
   transaction; the library parses each one again (about 40% of a one-row transaction's
-  CPU). The stream keeps the bodies its ``table_map`` was parsed from and lets the
-  library skip (``freeze_schema``) a table map whose bytes its id was parsed from; any
+  CPU). The stream keeps the bodies its ``table_map`` was parsed from and drops, before
+  the library sees it, a table map whose bytes its id was parsed from; any
   other table map (a new table id after ALTER TABLE, changed metadata) drops its id's
   entry first, so it is parsed afresh (``_TableMaps``).
 
@@ -55,8 +55,7 @@ import ssl
 import struct
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
@@ -295,7 +294,8 @@ class _TableMaps:
     ``see`` looks at every packet of the dump before the library does. A table map whose
     body (table id, names, column types, metadata; not the header nor the checksum, which
     differ per event) is the one its id's entry was parsed from leaves ``table_map`` as it
-    is: the stream runs with ``freeze_schema``, so the library skips an id it has, and the
+    is, and its packet never reaches the library (no wrapper and event objects for it; the
+    stream also runs with ``freeze_schema``, so the library would skip an id it has): the
     rows keep the same ``Table``/column objects (what ``RowsDecoder`` caches by). Other
     bytes (a first sight, other metadata under an id; ALTER TABLE gives a new id) drop
     that id's entry first, so the library parses it afresh, as it would without the cache.
@@ -310,26 +310,29 @@ class _TableMaps:
         self.hits = 0
         self.misses = 0
 
-    def see(self, data: bytes) -> None:
+    def see(self, data: bytes) -> bool:
+        """True for a table map whose body its id's entry was parsed from: nothing in it
+        is new, so the packet need not reach the library at all."""
         if len(data) < 1 + _HEADER_LEN + 6 or data[0] != 0 or data[5] != _TABLE_MAP_EVENT:
-            return
+            return False
         start = 1 + _HEADER_LEN
         table_id = int.from_bytes(data[start : start + 6], "little")  # as the library reads it
         checksum = getattr(self._stream, "_BinLogStreamReader__use_checksum", None)
         body = None
         if checksum is True or checksum is False:  # else the layout is unknown: never cached
             body = data[start : len(data) - (4 if checksum else 0)]
-            if self._bodies.get(table_id) == body:
+            if self._bodies.get(table_id) == body and table_id in self._stream.table_map:
                 self.hits += 1
-                return
+                return True
         self.misses += 1
         self._stream.table_map.pop(table_id, None)
         if body is None:
             self._bodies.pop(table_id, None)
-            return
+            return False
         if len(self._bodies) >= self.MAX_IDS:
             self._bodies.clear()
         self._bodies[table_id] = body
+        return False
 
 
 class _MariadbStreamReader(BinLogStreamReader):  # type: ignore[misc]
@@ -351,7 +354,8 @@ class _MariadbStreamReader(BinLogStreamReader):  # type: ignore[misc]
 
         def read_dump_packet(*args: Any, **kw: Any) -> Any:
             packet = read_packet(*args, **kw)
-            see(packet.get_all_data())
+            while see(packet.get_all_data()):  # a table map known already: next packet
+                packet = read_packet(*args, **kw)
             return packet
 
         connection._read_packet = read_dump_packet
@@ -523,13 +527,13 @@ def interrupt(stream: BinLogStreamReader) -> None:
 # -- positions of events --------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class EventSpan:
+class EventSpan(NamedTuple):
     """Where an event lies: ``start`` (what SHOW BINLOG EVENTS calls Pos), ``end``
     (End_log_pos, where the next event starts), the origin ``server_id``,
     ``timestamp`` (s), ``artificial`` (fake Rotate, or sent with log_pos 0) and ``part``
     (1, 2, ...: its place inside a MySQL transaction payload that spans start..end; 0
-    for an event of its own, ``EventDecoder``)."""
+    for an event of its own, ``EventDecoder``). A named tuple, not a dataclass: one is
+    made per binlog event, and a frozen dataclass costs several times more to build."""
 
     start: int
     end: int
@@ -552,5 +556,5 @@ def event_span(ev: Any) -> EventSpan:
     size = int(packet.event_size)
     artificial = end == 0 or int(ev.timestamp) == 0
     start = end - size if end >= size and not artificial else end
-    part = int(getattr(packet, "part", 0))
+    part = int(packet.__dict__.get("part", 0))  # the library's __getattr__ raises slowly
     return EventSpan(start, end, int(packet.server_id), int(ev.timestamp), artificial, part)

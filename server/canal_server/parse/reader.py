@@ -316,7 +316,7 @@ class BinlogReader:
                     return
             elif self._dump_errors and not span.artificial:
                 self._dump_errors = 0  # a real event: this dump works
-            asm.on_event(ev)
+            asm.on_event(ev, span)
             self._last = asm.committed
 
     def _another_database(self) -> bool:

@@ -177,8 +177,10 @@ class TransactionAssembler:
             return (self._tx_key, self.delivered_upto)
         return self._skip
 
-    def on_event(self, ev: Any) -> None:
-        span = binlog_stream.event_span(ev)
+    def on_event(self, ev: Any, span: binlog_stream.EventSpan | None = None) -> None:
+        """Take the next event (``span``: its ``event_span`` when the caller has it)."""
+        if span is None:
+            span = binlog_stream.event_span(ev)
         if isinstance(ev, RotateEvent):
             self.journal = str(ev.next_binlog)
         elif span.artificial or isinstance(ev, HeartbeatLogEvent):
