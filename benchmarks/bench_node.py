@@ -232,6 +232,7 @@ class _Arrivals:
     error: list[BaseException] = field(default_factory=list)
     epochs: list[tuple[float, int]] = field(default_factory=list)
     ack_on_get: bool = True  # the consumer acks with its next get, else on its own
+    gets: int = 0  # get requests made (each a request to the node), empty ones included
 
 
 def _consume(conn: Any, table: str, arrivals: _Arrivals) -> None:
@@ -246,6 +247,7 @@ def _consume(conn: Any, table: str, arrivals: _Arrivals) -> None:
                 done = None
             batch = conn.get_without_ack(BATCH_SIZE, 0.5, ack=done)
             now_us = time.time_ns() // 1000
+            arrivals.gets += 1
             done = None
             if batch.is_empty:
                 continue
@@ -397,6 +399,12 @@ def latency(ctx: Context) -> dict[str, Any]:
         "both, one after the other); its process freezes its startup objects out of the GC",
         "node_cpu": "node process CPU (user + system) from the first write of a rate to its "
         "last row at the client, per transaction written",
+        "cores": "*_cores: CPU (user + system) over the same span / its wall time, of the "
+        "node, MariaDB, the writer (its INSERT loop), this process (the client), the whole "
+        "machine (/proc/stat, all cores) and others (machine minus those four: other "
+        "jobs on the machine); machine_busy_pct of all cores",
+        "gets_per_tx": "get requests the client made per transaction written (each one a "
+        "request the node serves)",
     }
 
 
@@ -439,13 +447,14 @@ def _latency_rates(
     for tps in ctx.options.get("latency_rates") or LATENCY_RATES:
         for mode in ctx.options.get("latency_ack_modes") or LATENCY_ACK_MODES:
             arrivals.ack_on_get = mode == "on_get"
-            cpu0 = _cpu_s(node_pid)
+            cpu0, gets0 = _cpu_s(node_pid), arrivals.gets
             meter = _CpuMeter(node_pid, db_pid)
             n, achieved, writer_cpu = _write_paced(ctx, "lat", next_id, tps, seconds, arrivals)
             stats = _rate_stats(arrivals, range(next_id, next_id + n), tps, achieved)
             stats["ack"] = mode
             stats["node_cpu_us_per_tx"] = round((_cpu_s(node_pid) - cpu0) / n * 1e6, 1)
             stats.update(meter.cores(writer_cpu))
+            stats["gets_per_tx"] = round((arrivals.gets - gets0) / n, 3)
             stats["loadavg_1m"] = round(os.getloadavg()[0], 2)
             if tps in LATENCY_GOAL_TPS:
                 stats["goal_p99_ms"] = LATENCY_GOAL_P99_MS

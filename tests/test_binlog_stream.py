@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.row_event import WriteRowsEvent
+from pymysqlreplication.event import MariadbGtidEvent, XidEvent
+from pymysqlreplication.row_event import (
+    DeleteRowsEvent,
+    RowsEvent,
+    UpdateRowsEvent,
+    WriteRowsEvent,
+)
 
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
@@ -351,3 +357,42 @@ def test_table_map_cache_forgets_on_other_bytes_under_the_same_id() -> None:
         unsure.see(_table_map_packet(7, b"\x00\x00db.t-int", b"AAAA"))
         assert unknown.table_map == {8: "kept"}  # never trusted: parsed every time
     assert unsure.hits == 0 and unsure.misses == 2
+
+
+def _gtid_xid_fields(ev: Any) -> tuple[Any, ...]:
+    kind = type(ev).__name__
+    if isinstance(ev, XidEvent):
+        return (kind, ev.xid, ev.timestamp, ev.event_type, event_span(ev))
+    fields = (ev.gtid, ev.domain_id, ev.server_id, ev.gtid_seq_no, ev.flags)
+    return (kind, *fields, ev.timestamp, ev.event_type, event_span(ev))
+
+
+def test_gtid_and_xid_events_made_without_the_library_equal_its_own(db: Sandbox) -> None:
+    name = "t_stream_light"
+    journal, offset = db.primary.master_status()
+    _write_some(db, name)  # DDL (standalone GTIDs) and three transactions
+    db.primary.execute(f"INSERT INTO {name}.t VALUES (7, 'x')")
+    wanted = [MariadbGtidEvent, XidEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent]
+    ours = open_stream(
+        db.primary.dsn(), 5109, journal=journal, offset=offset, blocking=False,
+        only_events=wanted,
+    )  # fmt: skip
+    got = _drain(ours)
+    library = BinLogStreamReader(
+        connection_settings=binlog_stream._connection_kwargs(db.primary.dsn()),
+        server_id=5110, blocking=False, only_events=wanted, is_mariadb=False,
+        resume_stream=True, log_file=journal, log_pos=offset,
+        pymysql_wrapper=binlog_stream._guarded_connect,  # (only renames its "db" keyword)
+    )  # fmt: skip
+    want = _drain(library)
+    # every XID follows a rows event: read by the stream, not the library (whose own loop
+    # reads on past an event not wanted, such as a DDL's query, and makes what follows)
+    xids = [ev for ev in got if isinstance(ev, XidEvent)]
+    assert len(xids) == 4 and all(isinstance(ev.packet, binlog_stream._Packet) for ev in xids)
+    assert ours.light_events >= 6  # the XIDs and the GTIDs after them
+    assert [type(ev) for ev in got] == [type(ev) for ev in want]
+    pairs = [(a, b) for a, b in zip(got, want, strict=True) if not isinstance(a, RowsEvent)]
+    assert [_gtid_xid_fields(a) for a, _ in pairs] == [_gtid_xid_fields(b) for _, b in pairs]
+    assert {ev.flags & 1 for ev in got if isinstance(ev, MariadbGtidEvent)} == {0, 1}
+    rows = [ev.rows for ev in got if isinstance(ev, RowsEvent)]
+    assert rows == [ev.rows for ev in want if isinstance(ev, RowsEvent)] and len(rows) == 4

@@ -26,6 +26,12 @@ Fixes of the library's behaviour, applied to the streams opened here only:
   the library sees it, a table map whose bytes its id was parsed from; any
   other table map (a new table id after ALTER TABLE, changed metadata) drops its id's
   entry first, so it is parsed afresh (``_TableMaps``).
+- **GTID and XID events made here.** Two of a one-row transaction's three events; the
+  library's packet wrapper and event objects for them cost more than all else done
+  with them. ``_MariadbStreamReader.fetchone`` reads the packet and, for these two
+  types (when wanted), makes the library's own classes with the attributes their
+  ``__init__`` sets (``gtid``, ``domain_id``, ``server_id``, ``gtid_seq_no``,
+  ``flags``; ``xid``); any other packet goes to the library as before.
 
 MySQL (the flavour is chosen at connect from ``SELECT VERSION()``: MariaDB's says
 "-MariaDB"): ``_MysqlStreamReader`` uses the library's connection and dump commands
@@ -59,7 +65,7 @@ from typing import Any, NamedTuple
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.event import RotateEvent
+from pymysqlreplication.event import MariadbGtidEvent, RotateEvent, XidEvent
 from pymysqlreplication.row_event import RowsEvent
 
 from canal_protocol.errors import (
@@ -105,6 +111,9 @@ REQUIRED_VARIABLES: Mapping[str, str] = {
 _CONN_KEYS = ("host", "port", "user", "password", "connect_timeout", "read_timeout")
 _HEADER_LEN = 19  # a binlog event's common header
 _TABLE_MAP_EVENT = 0x13
+_XID_EVENT = 0x10
+_MARIADB_GTID_EVENT = 0xA2
+_BODY: Mapping[type, int] = {XidEvent: 8, MariadbGtidEvent: 13}  # bytes read of the body
 
 
 # -- connections -----------------------------------------------------------------
@@ -335,13 +344,39 @@ class _TableMaps:
         return False
 
 
+class _Packet:
+    """What readers of a light event ask of ``ev.packet`` (``event_span``, the header)."""
+
+    def __init__(self, header: tuple[int, int, int, int, int, int]) -> None:
+        self.timestamp, self.event_type, self.server_id = header[0], header[1], header[2]
+        self.event_size, self.log_pos, self.flags = header[3], header[4], header[5]
+
+
+def _light_event(cls: type, header: tuple[int, int, int, int, int, int], body: int) -> Any:
+    """An instance of the library's ``cls`` with the attributes its ``__init__`` sets,
+    made without it (and without the packet wrapper): ``body`` bytes of payload."""
+    ev: Any = object.__new__(cls)
+    ev.packet = _Packet(header)
+    ev.event_type, ev.timestamp, ev.event_size = header[1], header[0], body
+    ev.table_map, ev.complete, ev._processed, ev.dbms = None, True, True, "mariadb"
+    return ev
+
+
 class _MariadbStreamReader(BinLogStreamReader):  # type: ignore[misc]
-    """BinLogStreamReader with the MariaDB GTID dump length corrected and table maps
-    parsed once per distinct body (see module doc)."""
+    """BinLogStreamReader with the MariaDB GTID dump length corrected, table maps
+    parsed once per distinct body, and GTID and XID events made here (see module doc)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(freeze_schema=True, **kwargs)
         self.table_maps = _TableMaps(self)
+        self._held: Any = None  # a packet read by ``fetchone`` for the library to wrap
+        allowed = self._BinLogStreamReader__allowed_events_in_packet
+        self._light = {
+            code: cls
+            for code, cls in ((_XID_EVENT, XidEvent), (_MARIADB_GTID_EVENT, MariadbGtidEvent))
+            if cls in allowed
+        }
+        self.light_events = 0
 
     def _BinLogStreamReader__set_mariadb_settings(self) -> bytes:
         prelude: bytes = super()._BinLogStreamReader__set_mariadb_settings()
@@ -353,12 +388,52 @@ class _MariadbStreamReader(BinLogStreamReader):  # type: ignore[misc]
         read_packet, see = connection._read_packet, self.table_maps.see
 
         def read_dump_packet(*args: Any, **kw: Any) -> Any:
+            packet, self._held = self._held, None
+            if packet is not None:
+                return packet
             packet = read_packet(*args, **kw)
             while see(packet.get_all_data()):  # a table map known already: next packet
                 packet = read_packet(*args, **kw)
             return packet
 
         connection._read_packet = read_dump_packet
+
+    def fetchone(self) -> Any:
+        """The library's, except that a GTID or XID event (two of a small transaction's
+        three events) is made here from the packet: the library's wrapper and event
+        objects cost more than the rest of such an event's handling."""
+        ready = self._BinLogStreamReader__connected_stream and self._light
+        if ready and self._BinLogStreamReader__connected_ctl and not self.end_log_pos:
+            packet = self._stream_connection._read_packet()
+            ev = self._made_here(packet.get_all_data())
+            if ev is not None:
+                self.light_events += 1
+                return ev
+            self._held = packet  # the library reads it next
+        return super().fetchone()
+
+    def _made_here(self, data: bytes) -> Any:
+        """A GTID or XID event of an OK packet (None: the library's to make)."""
+        if len(data) < 1 + _HEADER_LEN + 8 or data[0] != 0:
+            return None
+        cls = self._light.get(data[5])
+        if cls is None or self.skip_to_timestamp:
+            return None
+        header = struct.unpack_from("<IBIIIH", data, 1)
+        checksum = self._BinLogStreamReader__use_checksum
+        body = header[3] - _HEADER_LEN - (4 if checksum else 0)
+        if header[3] != len(data) - 1 or not isinstance(checksum, bool) or body < _BODY[cls]:
+            return None  # not one whole event, or the layout is unknown: the library's
+        ev = _light_event(cls, header, body)
+        if header[4]:
+            self.log_pos = header[4]
+        if cls is XidEvent:
+            (ev.xid,) = struct.unpack_from("<Q", data, 1 + _HEADER_LEN)
+            return ev
+        seq, domain, flags = struct.unpack_from("<QIB", data, 1 + _HEADER_LEN)
+        ev.server_id, ev.gtid_seq_no, ev.domain_id, ev.flags = header[2], seq, domain, flags
+        ev.gtid = f"{domain}-{header[2]}-{seq}"
+        return ev
 
 
 def _fix_dump_length(prelude: bytes) -> bytes:
