@@ -142,7 +142,8 @@ class BinlogReader:
         self._stream: Any = None
         self._dump_errors = 0
         self._start_failures = 0  # the source unreachable before reading began
-        self._last: EntryPosition | None = None
+        self._last: EntryPosition | None = None  # while a dump reads: see last_position
+        self._asm: TransactionAssembler | None = None
         self._skip: tuple[str, int] = ("", 0)
         self._server_id = 0  # @@server_id of the database read (0: no dump yet)
 
@@ -205,7 +206,8 @@ class BinlogReader:
     @property
     def last_position(self) -> EntryPosition | None:
         """End of the last completed transaction read (a resume point)."""
-        return self._last
+        asm = self._asm  # while a dump reads: its assembler's (made when asked)
+        return asm.committed if asm is not None else self._last
 
     def link(self) -> DatabaseLink:
         """The finder's view of the source read now."""
@@ -297,10 +299,12 @@ class BinlogReader:
             self._stream = stream
         if self._stop.is_set() or self._switch.is_set():
             self._interrupt()
+        self._asm = asm
         try:
             self._read(stream, asm, by_gtid=bool(self.config.gtid_mode and start.gtid))
         finally:
             self._skip = asm.resume_skip
+            self._last, self._asm = asm.committed, None
             with self._lock:
                 self._stream = None
             stream.close()
@@ -317,7 +321,6 @@ class BinlogReader:
             elif self._dump_errors and not span.artificial:
                 self._dump_errors = 0  # a real event: this dump works
             asm.on_event(ev, span)
-            self._last = asm.committed
 
     def _another_database(self) -> bool:
         """After a refused dump: True when another database answers at the address than

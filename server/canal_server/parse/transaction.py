@@ -149,7 +149,7 @@ class TransactionAssembler:
         self._sink = sink
         self._size = transaction_size
         self.journal = start.journal
-        self.committed = start
+        self._committed: EntryPosition | Entry = start  # an Entry until asked (lazily)
         self._state = parse_gtid_state("" if is_mysql_gtid_set(gtid_state) else gtid_state)
         self._gtid_set = GtidSet.parse(gtid_state) if is_mysql_gtid_set(gtid_state) else None
         self._before = gtid_state  # the state before the open (or next) transaction
@@ -163,6 +163,15 @@ class TransactionAssembler:
         self._standalone = False
         self._skip = skip
         self._decoder = RowsDecoder()
+
+    @property
+    def committed(self) -> EntryPosition:
+        """The position after the last completed transaction (made when first asked: the
+        reader asks after a lost connection, not per transaction)."""
+        last = self._committed
+        if isinstance(last, Entry):
+            last = self._committed = last.position()
+        return last
 
     @property
     def in_transaction(self) -> bool:
@@ -269,7 +278,7 @@ class TransactionAssembler:
 
     def _complete(self, last: Entry) -> None:
         self._flush()
-        self.committed = last.position()
+        self._committed = last
         self._in_tx = False
         self._before = self._state_text()
         self.delivered_upto = 0
