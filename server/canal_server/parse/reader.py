@@ -146,12 +146,19 @@ class BinlogReader:
         self._asm: TransactionAssembler | None = None
         self._skip: tuple[str, int] = ("", 0)
         self._server_id = 0  # @@server_id of the database read (0: no dump yet)
+        self._identity: tuple[Mapping[str, Any], LogIdentity] | None = None
 
     # -- public state
 
     @property
     def identity(self) -> LogIdentity:
-        return LogIdentity(address_of(self._source), self.config.slave_id, self._server_id)
+        """The source read now (made again only when the source or its server id
+        changed: the sink asks once per transaction)."""
+        source, server_id, cached = self._source, self._server_id, self._identity
+        if cached is None or cached[0] is not source or cached[1].source_server_id != server_id:
+            made = LogIdentity(address_of(source), self.config.slave_id, server_id)
+            cached = self._identity = (source, made)
+        return cached[1]
 
     @property
     def source(self) -> Mapping[str, Any]:

@@ -116,6 +116,8 @@ def parse_gtid_state(state: str) -> dict[int, str]:
 
 
 def format_gtid_state(state: Mapping[int, str]) -> str:
+    if len(state) == 1:  # one domain (the usual case, once per transaction)
+        return next(iter(state.values()))
     return ",".join(state[d] for d in sorted(state))
 
 
