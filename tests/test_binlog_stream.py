@@ -360,11 +360,10 @@ def test_table_map_cache_forgets_on_other_bytes_under_the_same_id() -> None:
 
 
 def _gtid_xid_fields(ev: Any) -> tuple[Any, ...]:
-    kind = type(ev).__name__
+    common = (type(ev).__name__, ev.timestamp, ev.event_type, event_span(ev), ev.to_dict())
     if isinstance(ev, XidEvent):
-        return (kind, ev.xid, ev.timestamp, ev.event_type, event_span(ev))
-    fields = (ev.gtid, ev.domain_id, ev.server_id, ev.gtid_seq_no, ev.flags)
-    return (kind, *fields, ev.timestamp, ev.event_type, event_span(ev))
+        return (*common, ev.xid)
+    return (*common, ev.gtid, ev.domain_id, ev.server_id, ev.gtid_seq_no, ev.flags)
 
 
 def test_gtid_and_xid_events_made_without_the_library_equal_its_own(db: Sandbox) -> None:

@@ -344,21 +344,30 @@ class _TableMaps:
         return False
 
 
-class _Packet:
-    """What readers of a light event ask of ``ev.packet`` (``event_span``, the header)."""
+_Header = tuple[int, int, int, int, int, int]  # timestamp, type, server id, size, end, flags
 
-    def __init__(self, header: tuple[int, int, int, int, int, int]) -> None:
+
+class _Packet:
+    """What readers of a light event ask of ``ev.packet``: the header's fields (as
+    ``event_span`` reads them) and ``read_bytes`` (the library's ``to_dict``)."""
+
+    def __init__(self, header: _Header, read: int) -> None:
         self.timestamp, self.event_type, self.server_id = header[0], header[1], header[2]
         self.event_size, self.log_pos, self.flags = header[3], header[4], header[5]
+        self.read_bytes = read
 
 
-def _light_event(cls: type, header: tuple[int, int, int, int, int, int], body: int) -> Any:
-    """An instance of the library's ``cls`` with the attributes its ``__init__`` sets,
-    made without it (and without the packet wrapper): ``body`` bytes of payload."""
+def _light_event(stream: Any, cls: type, header: _Header, body: int, read: int) -> Any:
+    """An instance of the library's ``cls`` with the attributes its ``BinLogEvent``
+    constructor sets, made without it (and without the packet wrapper); ``body``: the
+    payload's size, ``read``: the bytes of it the caller reads (the library's count)."""
     ev: Any = object.__new__(cls)
-    ev.packet = _Packet(header)
+    ev.packet = _Packet(header, read)
     ev.event_type, ev.timestamp, ev.event_size = header[1], header[0], body
-    ev.table_map, ev.complete, ev._processed, ev.dbms = None, True, True, "mariadb"
+    ev.table_map, ev.complete, ev._processed, ev.dbms = stream.table_map, True, True, "mariadb"
+    ev._ctl_connection, ev.mysql_version = stream._ctl_connection, stream.mysql_version
+    ev._post_header_lengths = ev._is_event_valid = None
+    ev._ignore_decode_errors = ev._verify_checksum = False
     return ev
 
 
@@ -419,12 +428,12 @@ class _MariadbStreamReader(BinLogStreamReader):  # type: ignore[misc]
         cls = self._light.get(data[5])
         if cls is None or self.skip_to_timestamp:
             return None
-        header = struct.unpack_from("<IBIIIH", data, 1)
+        header: _Header = struct.unpack_from("<IBIIIH", data, 1)
         checksum = self._BinLogStreamReader__use_checksum
         body = header[3] - _HEADER_LEN - (4 if checksum else 0)
         if header[3] != len(data) - 1 or not isinstance(checksum, bool) or body < _BODY[cls]:
             return None  # not one whole event, or the layout is unknown: the library's
-        ev = _light_event(cls, header, body)
+        ev = _light_event(self, cls, header, body, _BODY[cls])
         if header[4]:
             self.log_pos = header[4]
         if cls is XidEvent:
