@@ -232,6 +232,7 @@ class _Arrivals:
     error: list[BaseException] = field(default_factory=list)
     epochs: list[tuple[float, int]] = field(default_factory=list)
     ack_on_get: bool = True  # the consumer acks with its next get, else on its own
+    gets: int = 0  # get requests made (each a request to the node), empty ones included
 
 
 def _consume(conn: Any, table: str, arrivals: _Arrivals) -> None:
@@ -246,6 +247,7 @@ def _consume(conn: Any, table: str, arrivals: _Arrivals) -> None:
                 done = None
             batch = conn.get_without_ack(BATCH_SIZE, 0.5, ack=done)
             now_us = time.time_ns() // 1000
+            arrivals.gets += 1
             done = None
             if batch.is_empty:
                 continue
@@ -267,14 +269,15 @@ def _consume(conn: Any, table: str, arrivals: _Arrivals) -> None:
 
 def _paced_writer(socket: str, table: str, first_id: int, tps: float, n: int, out: Any) -> None:
     """In its own process (the consumer's GIL is not the writer's): ``n`` autocommit
-    one-row inserts at ``tps``; sends (elapsed s, {id: INSERT round trip µs}) to ``out``."""
+    one-row inserts at ``tps``; sends (elapsed s, {id: INSERT round trip µs}, CPU s) to
+    ``out``."""
     import pymysql
 
     insert_us: dict[int, int] = {}
     conn = pymysql.connect(unix_socket=socket, user="root", autocommit=True, charset="utf8mb4")
     with conn, conn.cursor() as cur:
         sql = f"INSERT INTO {SCHEMA}.{table} VALUES (%s, %s, 'x')"
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         for i in range(n):
             delay = t0 + i / tps - time.perf_counter()
             if delay > 0:
@@ -283,16 +286,17 @@ def _paced_writer(socket: str, table: str, first_id: int, tps: float, n: int, ou
             cur.execute(sql, (first_id + i, sent_us))
             insert_us[first_id + i] = time.time_ns() // 1000 - sent_us
         elapsed = time.perf_counter() - t0
-    out.send((elapsed, insert_us))
+        cpu_s = time.process_time() - cpu0
+    out.send((elapsed, insert_us, cpu_s))
     out.close()
 
 
 def _write_paced(
     ctx: Context, table: str, first_id: int, tps: float, seconds: float, arrivals: _Arrivals
-) -> tuple[int, float]:
+) -> tuple[int, float, float]:
     """Autocommit one-row inserts at ``tps`` for ``seconds`` from a writer process of its
-    own; (rows written, achieved tps). Records each INSERT's round trip (stamp -> the
-    database acknowledged the commit)."""
+    own; (rows written, achieved tps, the writer's CPU s while writing). Records each
+    INSERT's round trip (stamp -> the database acknowledged the commit)."""
     n = max(1, int(tps * seconds))
     spawn = multiprocessing.get_context("spawn")
     receive, send = spawn.Pipe(duplex=False)
@@ -303,12 +307,12 @@ def _write_paced(
     try:
         if not receive.poll(seconds * 3 + 120):
             raise TimeoutError(f"the writer process sent nothing in {seconds * 3 + 120} s")
-        elapsed, insert_us = receive.recv()
+        elapsed, insert_us, cpu_s = receive.recv()
     finally:
         writer.join(30)
         receive.close()
     arrivals.insert_us.update(insert_us)
-    return n, n / elapsed
+    return n, n / elapsed, cpu_s
 
 
 def _rate_stats(arrivals: _Arrivals, ids: range, tps: float, achieved: float) -> dict[str, Any]:
@@ -337,6 +341,39 @@ def _cpu_s(pid: int) -> float:
     return float(times.user + times.system)
 
 
+def _machine_busy_s() -> tuple[float, float]:
+    """(busy CPU s, all CPU s) of the whole machine so far, every core (/proc/stat)."""
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(fields[:8]) - idle) / tick, sum(fields[:8]) / tick
+
+
+class _CpuMeter:
+    """CPU used by the node, MariaDB, this process (the client) and the whole machine
+    from ``__init__`` to ``cores``: where a rate's CPU goes, in cores."""
+
+    def __init__(self, node_pid: int, db_pid: int) -> None:
+        self._pids = {"node": node_pid, "mariadb": db_pid, "client": os.getpid()}
+        self._t0 = time.monotonic()
+        self._cpu0 = {name: _cpu_s(pid) for name, pid in self._pids.items()}
+        self._busy0, self._all0 = _machine_busy_s()
+
+    def cores(self, writer_cpu_s: float) -> dict[str, float]:
+        wall = time.monotonic() - self._t0
+        used = {name: _cpu_s(pid) - self._cpu0[name] for name, pid in self._pids.items()}
+        used["writer"] = writer_cpu_s
+        busy, total = _machine_busy_s()
+        used["machine"] = busy - self._busy0
+        out = {f"{name}_cores": round(cpu / wall, 2) for name, cpu in used.items()}
+        out["others_cores"] = round(
+            (used["machine"] - sum(v for k, v in used.items() if k != "machine")) / wall, 2
+        )
+        out["machine_busy_pct"] = round(100 * used["machine"] / max(total - self._all0, 1e-9), 1)
+        return out
+
+
 def _create_small_table(ctx: Context, table: str) -> None:
     ctx.sandbox.primary.execute(
         f"CREATE TABLE IF NOT EXISTS {SCHEMA}.{table} "
@@ -347,7 +384,7 @@ def _create_small_table(ctx: Context, table: str) -> None:
 def latency(ctx: Context) -> dict[str, Any]:
     seconds = float(ctx.options.get("latency_seconds", 10.0))
     rates = []
-    for stack in LATENCY_STACKS:
+    for stack in ctx.options.get("latency_stacks") or LATENCY_STACKS:
         rates += _latency_with(ctx, stack, seconds)
     return {
         "rates": rates,
@@ -362,6 +399,12 @@ def latency(ctx: Context) -> dict[str, Any]:
         "both, one after the other); its process freezes its startup objects out of the GC",
         "node_cpu": "node process CPU (user + system) from the first write of a rate to its "
         "last row at the client, per transaction written",
+        "cores": "*_cores: CPU (user + system) over the same span / its wall time, of the "
+        "node, MariaDB, the writer (its INSERT loop), this process (the client), the whole "
+        "machine (/proc/stat, all cores) and others (machine minus those four: other "
+        "jobs on the machine); machine_busy_pct of all cores",
+        "gets_per_tx": "get requests the client made per transaction written (each one a "
+        "request the node serves)",
     }
 
 
@@ -396,18 +439,22 @@ def _latency_rates(
     """Each rate's latency, with the node's CPU time per transaction (reader, store, REST:
     what the machine's load does not change, unlike the latency) and the load average."""
     next_id = 1
-    warm, _ = _write_paced(ctx, "lat", next_id, 100, 0.5, arrivals)  # warm-up, not counted
+    warm, _, _ = _write_paced(ctx, "lat", next_id, 100, 0.5, arrivals)  # warm-up, not counted
     _rate_stats(arrivals, range(next_id, next_id + warm), 100, 100)
     next_id += warm
     rates = []
-    for tps in LATENCY_RATES:
-        for mode in LATENCY_ACK_MODES:
+    db_pid = ctx.sandbox.primary.process.pid or 0
+    for tps in ctx.options.get("latency_rates") or LATENCY_RATES:
+        for mode in ctx.options.get("latency_ack_modes") or LATENCY_ACK_MODES:
             arrivals.ack_on_get = mode == "on_get"
-            cpu0 = _cpu_s(node_pid)
-            n, achieved = _write_paced(ctx, "lat", next_id, tps, seconds, arrivals)
+            cpu0, gets0 = _cpu_s(node_pid), arrivals.gets
+            meter = _CpuMeter(node_pid, db_pid)
+            n, achieved, writer_cpu = _write_paced(ctx, "lat", next_id, tps, seconds, arrivals)
             stats = _rate_stats(arrivals, range(next_id, next_id + n), tps, achieved)
             stats["ack"] = mode
             stats["node_cpu_us_per_tx"] = round((_cpu_s(node_pid) - cpu0) / n * 1e6, 1)
+            stats.update(meter.cores(writer_cpu))
+            stats["gets_per_tx"] = round((arrivals.gets - gets0) / n, 3)
             stats["loadavg_1m"] = round(os.getloadavg()[0], 2)
             if tps in LATENCY_GOAL_TPS:
                 stats["goal_p99_ms"] = LATENCY_GOAL_P99_MS

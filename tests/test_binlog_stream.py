@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.row_event import WriteRowsEvent
+from pymysqlreplication.event import MariadbGtidEvent, XidEvent
+from pymysqlreplication.row_event import (
+    DeleteRowsEvent,
+    RowsEvent,
+    UpdateRowsEvent,
+    WriteRowsEvent,
+)
 
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
@@ -326,17 +332,21 @@ def _table_map_packet(table_id: int, body: bytes, crc: bytes) -> bytes:
 def test_table_map_cache_forgets_on_other_bytes_under_the_same_id() -> None:
     stream = SimpleNamespace(table_map={}, _BinLogStreamReader__use_checksum=True)
     maps = binlog_stream._TableMaps(stream)
-    maps.see(_table_map_packet(7, b"\x00\x00db.t-int", b"AAAA"))
-    maps.see(_table_map_packet(8, b"\x00\x00db.u-int", b"AAAA"))
+    assert not maps.see(_table_map_packet(7, b"\x00\x00db.t-int", b"AAAA"))  # to the library
+    assert not maps.see(_table_map_packet(8, b"\x00\x00db.u-int", b"AAAA"))
     stream.table_map.update({7: "parsed t", 8: "parsed u"})  # as the library does
-    maps.see(_table_map_packet(7, b"\x00\x00db.t-int", b"BBBB"))  # same body, other crc
-    maps.see(_table_map_packet(8, b"\x00\x00db.u-int", b"CCCC"))
+    # same body, other crc: dropped before the library (True)
+    assert maps.see(_table_map_packet(7, b"\x00\x00db.t-int", b"BBBB"))
+    assert maps.see(_table_map_packet(8, b"\x00\x00db.u-int", b"CCCC"))
     assert stream.table_map == {7: "parsed t", 8: "parsed u"} and maps.hits == 2
+    del stream.table_map[8]  # a rotate empties the library's map: parsed again
+    assert not maps.see(_table_map_packet(8, b"\x00\x00db.u-int", b"DDDD"))
+    stream.table_map[8] = "parsed u"
     maps.see(_table_map_packet(7, b"\x00\x00db.t-varchar", b"DDDD"))  # same id, new metadata
-    assert stream.table_map == {8: "parsed u"} and maps.misses == 3
+    assert stream.table_map == {8: "parsed u"} and maps.misses == 4
     stream.table_map[7] = "parsed t-varchar"
     maps.see(_table_map_packet(7, b"\x00\x00db.t-int", b"EEEE"))  # the old bytes again
-    assert stream.table_map == {8: "parsed u"} and maps.misses == 4
+    assert stream.table_map == {8: "parsed u"} and maps.misses == 5
     rows = b"\x00" + struct.pack("<IBIIIH", 1, 0x1E, 1, 40, 999, 0) + (8).to_bytes(6, "little")
     maps.see(rows + bytes(15))  # not a table map: nothing dropped
     assert stream.table_map == {8: "parsed u"}
@@ -347,3 +357,41 @@ def test_table_map_cache_forgets_on_other_bytes_under_the_same_id() -> None:
         unsure.see(_table_map_packet(7, b"\x00\x00db.t-int", b"AAAA"))
         assert unknown.table_map == {8: "kept"}  # never trusted: parsed every time
     assert unsure.hits == 0 and unsure.misses == 2
+
+
+def _gtid_xid_fields(ev: Any) -> tuple[Any, ...]:
+    common = (type(ev).__name__, ev.timestamp, ev.event_type, event_span(ev), ev.to_dict())
+    if isinstance(ev, XidEvent):
+        return (*common, ev.xid)
+    return (*common, ev.gtid, ev.domain_id, ev.server_id, ev.gtid_seq_no, ev.flags)
+
+
+def test_gtid_and_xid_events_made_without_the_library_equal_its_own(db: Sandbox) -> None:
+    name = "t_stream_light"
+    journal, offset = db.primary.master_status()
+    _write_some(db, name)  # DDL (standalone GTIDs) and three transactions
+    db.primary.execute(f"INSERT INTO {name}.t VALUES (7, 'x')")
+    wanted = [MariadbGtidEvent, XidEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent]
+    ours = open_stream(
+        db.primary.dsn(), 5109, journal=journal, offset=offset, blocking=False,
+        only_events=wanted,
+    )  # fmt: skip
+    got = _drain(ours)
+    library = BinLogStreamReader(
+        connection_settings=binlog_stream._connection_kwargs(db.primary.dsn()),
+        server_id=5110, blocking=False, only_events=wanted, is_mariadb=False,
+        resume_stream=True, log_file=journal, log_pos=offset,
+        pymysql_wrapper=binlog_stream._guarded_connect,  # (only renames its "db" keyword)
+    )  # fmt: skip
+    want = _drain(library)
+    # every XID follows a rows event: read by the stream, not the library (whose own loop
+    # reads on past an event not wanted, such as a DDL's query, and makes what follows)
+    xids = [ev for ev in got if isinstance(ev, XidEvent)]
+    assert len(xids) == 4 and all(isinstance(ev.packet, binlog_stream._Packet) for ev in xids)
+    assert ours.light_events >= 6  # the XIDs and the GTIDs after them
+    assert [type(ev) for ev in got] == [type(ev) for ev in want]
+    pairs = [(a, b) for a, b in zip(got, want, strict=True) if not isinstance(a, RowsEvent)]
+    assert [_gtid_xid_fields(a) for a, _ in pairs] == [_gtid_xid_fields(b) for _, b in pairs]
+    assert {ev.flags & 1 for ev in got if isinstance(ev, MariadbGtidEvent)} == {0, 1}
+    rows = [ev.rows for ev in got if isinstance(ev, RowsEvent)]
+    assert rows == [ev.rows for ev in want if isinstance(ev, RowsEvent)] and len(rows) == 4

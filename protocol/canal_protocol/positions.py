@@ -13,6 +13,7 @@ position is where reading resumes. Every type has a stable dict form (``to_dict`
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +23,10 @@ __all__ = ["EntryPosition", "LogIdentity", "LogPosition", "journal_seq", "min_po
 _SEQ = re.compile(r"\.(\d+)$")
 
 
+@functools.lru_cache(maxsize=1024)
 def journal_seq(journal: str) -> tuple[str, int]:
-    """Sort key of a binlog file name: (base name, numeric suffix)."""
+    """Sort key of a binlog file name: (base name, numeric suffix). Cached: every
+    position made (several per transaction) asks it of the same few names."""
     m = _SEQ.search(journal)
     if m is None:
         return (journal, -1)

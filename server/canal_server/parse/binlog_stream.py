@@ -22,10 +22,16 @@ Fixes of the library's behaviour, applied to the streams opened here only:
   its own last committed position. No global of the library is changed.
 - **Table maps parsed once.** MariaDB writes a TABLE_MAP event before the rows of every
   transaction; the library parses each one again (about 40% of a one-row transaction's
-  CPU). The stream keeps the bodies its ``table_map`` was parsed from and lets the
-  library skip (``freeze_schema``) a table map whose bytes its id was parsed from; any
+  CPU). The stream keeps the bodies its ``table_map`` was parsed from and drops, before
+  the library sees it, a table map whose bytes its id was parsed from; any
   other table map (a new table id after ALTER TABLE, changed metadata) drops its id's
   entry first, so it is parsed afresh (``_TableMaps``).
+- **GTID and XID events made here.** Two of a one-row transaction's three events; the
+  library's packet wrapper and event objects for them cost more than all else done
+  with them. ``_MariadbStreamReader.fetchone`` reads the packet and, for these two
+  types (when wanted), makes the library's own classes with the attributes their
+  ``__init__`` sets (``gtid``, ``domain_id``, ``server_id``, ``gtid_seq_no``,
+  ``flags``; ``xid``); any other packet goes to the library as before.
 
 MySQL (the flavour is chosen at connect from ``SELECT VERSION()``: MariaDB's says
 "-MariaDB"): ``_MysqlStreamReader`` uses the library's connection and dump commands
@@ -55,12 +61,11 @@ import ssl
 import struct
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.event import RotateEvent
+from pymysqlreplication.event import MariadbGtidEvent, RotateEvent, XidEvent
 from pymysqlreplication.row_event import RowsEvent
 
 from canal_protocol.errors import (
@@ -106,6 +111,9 @@ REQUIRED_VARIABLES: Mapping[str, str] = {
 _CONN_KEYS = ("host", "port", "user", "password", "connect_timeout", "read_timeout")
 _HEADER_LEN = 19  # a binlog event's common header
 _TABLE_MAP_EVENT = 0x13
+_XID_EVENT = 0x10
+_MARIADB_GTID_EVENT = 0xA2
+_BODY: Mapping[type, int] = {XidEvent: 8, MariadbGtidEvent: 13}  # bytes read of the body
 
 
 # -- connections -----------------------------------------------------------------
@@ -295,7 +303,8 @@ class _TableMaps:
     ``see`` looks at every packet of the dump before the library does. A table map whose
     body (table id, names, column types, metadata; not the header nor the checksum, which
     differ per event) is the one its id's entry was parsed from leaves ``table_map`` as it
-    is: the stream runs with ``freeze_schema``, so the library skips an id it has, and the
+    is, and its packet never reaches the library (no wrapper and event objects for it; the
+    stream also runs with ``freeze_schema``, so the library would skip an id it has): the
     rows keep the same ``Table``/column objects (what ``RowsDecoder`` caches by). Other
     bytes (a first sight, other metadata under an id; ALTER TABLE gives a new id) drop
     that id's entry first, so the library parses it afresh, as it would without the cache.
@@ -310,35 +319,73 @@ class _TableMaps:
         self.hits = 0
         self.misses = 0
 
-    def see(self, data: bytes) -> None:
+    def see(self, data: bytes) -> bool:
+        """True for a table map whose body its id's entry was parsed from: nothing in it
+        is new, so the packet need not reach the library at all."""
         if len(data) < 1 + _HEADER_LEN + 6 or data[0] != 0 or data[5] != _TABLE_MAP_EVENT:
-            return
+            return False
         start = 1 + _HEADER_LEN
         table_id = int.from_bytes(data[start : start + 6], "little")  # as the library reads it
         checksum = getattr(self._stream, "_BinLogStreamReader__use_checksum", None)
         body = None
         if checksum is True or checksum is False:  # else the layout is unknown: never cached
             body = data[start : len(data) - (4 if checksum else 0)]
-            if self._bodies.get(table_id) == body:
+            if self._bodies.get(table_id) == body and table_id in self._stream.table_map:
                 self.hits += 1
-                return
+                return True
         self.misses += 1
         self._stream.table_map.pop(table_id, None)
         if body is None:
             self._bodies.pop(table_id, None)
-            return
+            return False
         if len(self._bodies) >= self.MAX_IDS:
             self._bodies.clear()
         self._bodies[table_id] = body
+        return False
+
+
+_Header = tuple[int, int, int, int, int, int]  # timestamp, type, server id, size, end, flags
+
+
+class _Packet:
+    """What readers of a light event ask of ``ev.packet``: the header's fields (as
+    ``event_span`` reads them) and ``read_bytes`` (the library's ``to_dict``)."""
+
+    def __init__(self, header: _Header, read: int) -> None:
+        self.timestamp, self.event_type, self.server_id = header[0], header[1], header[2]
+        self.event_size, self.log_pos, self.flags = header[3], header[4], header[5]
+        self.read_bytes = read
+
+
+def _light_event(stream: Any, cls: type, header: _Header, body: int, read: int) -> Any:
+    """An instance of the library's ``cls`` with the attributes its ``BinLogEvent``
+    constructor sets, made without it (and without the packet wrapper); ``body``: the
+    payload's size, ``read``: the bytes of it the caller reads (the library's count)."""
+    ev: Any = object.__new__(cls)
+    ev.packet = _Packet(header, read)
+    ev.event_type, ev.timestamp, ev.event_size = header[1], header[0], body
+    ev.table_map, ev.complete, ev._processed, ev.dbms = stream.table_map, True, True, "mariadb"
+    ev._ctl_connection, ev.mysql_version = stream._ctl_connection, stream.mysql_version
+    ev._post_header_lengths = ev._is_event_valid = None
+    ev._ignore_decode_errors = ev._verify_checksum = False
+    return ev
 
 
 class _MariadbStreamReader(BinLogStreamReader):  # type: ignore[misc]
-    """BinLogStreamReader with the MariaDB GTID dump length corrected and table maps
-    parsed once per distinct body (see module doc)."""
+    """BinLogStreamReader with the MariaDB GTID dump length corrected, table maps
+    parsed once per distinct body, and GTID and XID events made here (see module doc)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(freeze_schema=True, **kwargs)
         self.table_maps = _TableMaps(self)
+        self._held: Any = None  # a packet read by ``fetchone`` for the library to wrap
+        allowed = self._BinLogStreamReader__allowed_events_in_packet
+        self._light = {
+            code: cls
+            for code, cls in ((_XID_EVENT, XidEvent), (_MARIADB_GTID_EVENT, MariadbGtidEvent))
+            if cls in allowed
+        }
+        self.light_events = 0
 
     def _BinLogStreamReader__set_mariadb_settings(self) -> bytes:
         prelude: bytes = super()._BinLogStreamReader__set_mariadb_settings()
@@ -350,11 +397,52 @@ class _MariadbStreamReader(BinLogStreamReader):  # type: ignore[misc]
         read_packet, see = connection._read_packet, self.table_maps.see
 
         def read_dump_packet(*args: Any, **kw: Any) -> Any:
+            packet, self._held = self._held, None
+            if packet is not None:
+                return packet
             packet = read_packet(*args, **kw)
-            see(packet.get_all_data())
+            while see(packet.get_all_data()):  # a table map known already: next packet
+                packet = read_packet(*args, **kw)
             return packet
 
         connection._read_packet = read_dump_packet
+
+    def fetchone(self) -> Any:
+        """The library's, except that a GTID or XID event (two of a small transaction's
+        three events) is made here from the packet: the library's wrapper and event
+        objects cost more than the rest of such an event's handling."""
+        ready = self._BinLogStreamReader__connected_stream and self._light
+        if ready and self._BinLogStreamReader__connected_ctl and not self.end_log_pos:
+            packet = self._stream_connection._read_packet()
+            ev = self._made_here(packet.get_all_data())
+            if ev is not None:
+                self.light_events += 1
+                return ev
+            self._held = packet  # the library reads it next
+        return super().fetchone()
+
+    def _made_here(self, data: bytes) -> Any:
+        """A GTID or XID event of an OK packet (None: the library's to make)."""
+        if len(data) < 1 + _HEADER_LEN + 8 or data[0] != 0:
+            return None
+        cls = self._light.get(data[5])
+        if cls is None or self.skip_to_timestamp:
+            return None
+        header: _Header = struct.unpack_from("<IBIIIH", data, 1)
+        checksum = self._BinLogStreamReader__use_checksum
+        body = header[3] - _HEADER_LEN - (4 if checksum else 0)
+        if header[3] != len(data) - 1 or not isinstance(checksum, bool) or body < _BODY[cls]:
+            return None  # not one whole event, or the layout is unknown: the library's
+        ev = _light_event(self, cls, header, body, _BODY[cls])
+        if header[4]:
+            self.log_pos = header[4]
+        if cls is XidEvent:
+            (ev.xid,) = struct.unpack_from("<Q", data, 1 + _HEADER_LEN)
+            return ev
+        seq, domain, flags = struct.unpack_from("<QIB", data, 1 + _HEADER_LEN)
+        ev.server_id, ev.gtid_seq_no, ev.domain_id, ev.flags = header[2], seq, domain, flags
+        ev.gtid = f"{domain}-{header[2]}-{seq}"
+        return ev
 
 
 def _fix_dump_length(prelude: bytes) -> bytes:
@@ -523,13 +611,13 @@ def interrupt(stream: BinLogStreamReader) -> None:
 # -- positions of events --------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class EventSpan:
+class EventSpan(NamedTuple):
     """Where an event lies: ``start`` (what SHOW BINLOG EVENTS calls Pos), ``end``
     (End_log_pos, where the next event starts), the origin ``server_id``,
     ``timestamp`` (s), ``artificial`` (fake Rotate, or sent with log_pos 0) and ``part``
     (1, 2, ...: its place inside a MySQL transaction payload that spans start..end; 0
-    for an event of its own, ``EventDecoder``)."""
+    for an event of its own, ``EventDecoder``). A named tuple, not a dataclass: one is
+    made per binlog event, and a frozen dataclass costs several times more to build."""
 
     start: int
     end: int
@@ -552,5 +640,5 @@ def event_span(ev: Any) -> EventSpan:
     size = int(packet.event_size)
     artificial = end == 0 or int(ev.timestamp) == 0
     start = end - size if end >= size and not artificial else end
-    part = int(getattr(packet, "part", 0))
+    part = int(packet.__dict__.get("part", 0))  # the library's __getattr__ raises slowly
     return EventSpan(start, end, int(packet.server_id), int(ev.timestamp), artificial, part)

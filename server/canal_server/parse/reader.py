@@ -142,15 +142,23 @@ class BinlogReader:
         self._stream: Any = None
         self._dump_errors = 0
         self._start_failures = 0  # the source unreachable before reading began
-        self._last: EntryPosition | None = None
+        self._last: EntryPosition | None = None  # while a dump reads: see last_position
+        self._asm: TransactionAssembler | None = None
         self._skip: tuple[str, int] = ("", 0)
         self._server_id = 0  # @@server_id of the database read (0: no dump yet)
+        self._identity: tuple[Mapping[str, Any], LogIdentity] | None = None
 
     # -- public state
 
     @property
     def identity(self) -> LogIdentity:
-        return LogIdentity(address_of(self._source), self.config.slave_id, self._server_id)
+        """The source read now (made again only when the source or its server id
+        changed: the sink asks once per transaction)."""
+        source, server_id, cached = self._source, self._server_id, self._identity
+        if cached is None or cached[0] is not source or cached[1].source_server_id != server_id:
+            made = LogIdentity(address_of(source), self.config.slave_id, server_id)
+            cached = self._identity = (source, made)
+        return cached[1]
 
     @property
     def source(self) -> Mapping[str, Any]:
@@ -205,7 +213,8 @@ class BinlogReader:
     @property
     def last_position(self) -> EntryPosition | None:
         """End of the last completed transaction read (a resume point)."""
-        return self._last
+        asm = self._asm  # while a dump reads: its assembler's (made when asked)
+        return asm.committed if asm is not None else self._last
 
     def link(self) -> DatabaseLink:
         """The finder's view of the source read now."""
@@ -297,10 +306,12 @@ class BinlogReader:
             self._stream = stream
         if self._stop.is_set() or self._switch.is_set():
             self._interrupt()
+        self._asm = asm
         try:
             self._read(stream, asm, by_gtid=bool(self.config.gtid_mode and start.gtid))
         finally:
             self._skip = asm.resume_skip
+            self._last, self._asm = asm.committed, None
             with self._lock:
                 self._stream = None
             stream.close()
@@ -316,8 +327,7 @@ class BinlogReader:
                     return
             elif self._dump_errors and not span.artificial:
                 self._dump_errors = 0  # a real event: this dump works
-            asm.on_event(ev)
-            self._last = asm.committed
+            asm.on_event(ev, span)
 
     def _another_database(self) -> bool:
         """After a refused dump: True when another database answers at the address than

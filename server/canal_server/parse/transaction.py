@@ -116,6 +116,8 @@ def parse_gtid_state(state: str) -> dict[int, str]:
 
 
 def format_gtid_state(state: Mapping[int, str]) -> str:
+    if len(state) == 1:  # one domain (the usual case, once per transaction)
+        return next(iter(state.values()))
     return ",".join(state[d] for d in sorted(state))
 
 
@@ -149,7 +151,7 @@ class TransactionAssembler:
         self._sink = sink
         self._size = transaction_size
         self.journal = start.journal
-        self.committed = start
+        self._committed: EntryPosition | Entry = start  # an Entry until asked (lazily)
         self._state = parse_gtid_state("" if is_mysql_gtid_set(gtid_state) else gtid_state)
         self._gtid_set = GtidSet.parse(gtid_state) if is_mysql_gtid_set(gtid_state) else None
         self._before = gtid_state  # the state before the open (or next) transaction
@@ -165,6 +167,15 @@ class TransactionAssembler:
         self._decoder = RowsDecoder()
 
     @property
+    def committed(self) -> EntryPosition:
+        """The position after the last completed transaction (made when first asked: the
+        reader asks after a lost connection, not per transaction)."""
+        last = self._committed
+        if isinstance(last, Entry):
+            last = self._committed = last.position()
+        return last
+
+    @property
     def in_transaction(self) -> bool:
         """A transaction is open (its END not read yet)."""
         return self._in_tx
@@ -177,8 +188,10 @@ class TransactionAssembler:
             return (self._tx_key, self.delivered_upto)
         return self._skip
 
-    def on_event(self, ev: Any) -> None:
-        span = binlog_stream.event_span(ev)
+    def on_event(self, ev: Any, span: binlog_stream.EventSpan | None = None) -> None:
+        """Take the next event (``span``: its ``event_span`` when the caller has it)."""
+        if span is None:
+            span = binlog_stream.event_span(ev)
         if isinstance(ev, RotateEvent):
             self.journal = str(ev.next_binlog)
         elif span.artificial or isinstance(ev, HeartbeatLogEvent):
@@ -267,7 +280,7 @@ class TransactionAssembler:
 
     def _complete(self, last: Entry) -> None:
         self._flush()
-        self.committed = last.position()
+        self._committed = last
         self._in_tx = False
         self._before = self._state_text()
         self.delivered_upto = 0
