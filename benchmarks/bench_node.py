@@ -11,7 +11,6 @@ import gc
 import importlib
 import multiprocessing
 import os
-import queue
 import statistics
 import threading
 import time
@@ -113,59 +112,30 @@ def _e2e(ctx: Context, wire: str) -> dict[str, Any]:
     }
 
 
-class _Prefetch(threading.Thread):
-    """Fetches batches ahead of their reader: the get of the next batch is in flight
-    while the reader reads one; each get carries the ack of the last batch the reader
-    finished (``done``). Stops once ``rows`` row changes came."""
-
-    def __init__(self, conn: Any, rows: int) -> None:
-        super().__init__(name="bench-prefetch", daemon=True)
-        self.conn, self.rows = conn, rows
-        self.ready: queue.Queue[Any] = queue.Queue(maxsize=2)
-        self.done = 0  # the last batch read, set by the reader
-        self.acked = 0
-        self.error: list[BaseException] = []
-
-    def run(self) -> None:
-        fetched = 0
-        try:
-            while fetched < self.rows:
-                done = self.done
-                ack = done if done > self.acked else None
-                batch = self.conn.get_without_ack(BATCH_SIZE, 1.0, ack=ack)
-                self.acked = max(self.acked, ack or 0)
-                if not batch.is_empty:
-                    fetched += sum(e.row_count for e in batch.entries)
-                    self.ready.put(batch)
-        except BaseException as exc:  # handed to the reader
-            self.error.append(exc)
-        self.ready.put(None)
+def _read_prefetched(conn: Any, tally: _Tally, rows: int, t0: float) -> float:
+    """Read ``rows`` row changes through the connector's stream with prefetch (the next
+    get in flight while a batch is read; acks on a later get); commit the last batch.
+    Returns when the last row was read (the stream's close, which waits for the get in
+    flight, a long poll with nothing left to read, is not timed)."""
+    done_at = 0.0
+    with conn.stream(BATCH_SIZE, 1.0, prefetch=True) as batches:
+        for batch in batches:
+            if time.perf_counter() - t0 > E2E_TIMEOUT_S:
+                raise TimeoutError(f"{tally.rows} of {rows} rows after {E2E_TIMEOUT_S}s")
+            if not batch.is_empty:
+                tally.add(batch)
+            if tally.rows >= rows:
+                done_at = time.perf_counter()
+                batches.commit()
+                break
+    return done_at
 
 
-def _read_prefetched(conn: Any, tally: _Tally, rows: int, t0: float) -> None:
-    """Read ``rows`` row changes through a ``_Prefetch``; ack the last batch."""
-    fetcher = _Prefetch(conn, rows)
-    fetcher.start()
-    last = 0
-    while tally.rows < rows:
-        batch = fetcher.ready.get(timeout=max(1.0, E2E_TIMEOUT_S - (time.perf_counter() - t0)))
-        if batch is None:
-            raise (
-                fetcher.error[0]
-                if fetcher.error
-                else RuntimeError(f"the prefetch stopped at {tally.rows} of {rows} rows")
-            )
-        tally.add(batch)
-        fetcher.done = last = batch.id
-    fetcher.join(60)
-    if last:
-        conn.ack(last)
-
-
-def _read_in_turn(conn: Any, tally: _Tally, rows: int, t0: float) -> None:
+def _read_in_turn(conn: Any, tally: _Tally, rows: int, t0: float) -> float:
     """Read ``rows`` row changes get after get, each get carrying the ack of the batch
-    before; ack the last batch."""
+    before; ack the last batch. Returns when the last row was read."""
     done: int | None = None
+    done_at = 0.0
     while tally.rows < rows:
         if time.perf_counter() - t0 > E2E_TIMEOUT_S:
             raise TimeoutError(f"{tally.rows} of {rows} rows after {E2E_TIMEOUT_S}s")
@@ -174,8 +144,10 @@ def _read_in_turn(conn: Any, tally: _Tally, rows: int, t0: float) -> None:
         if not batch.is_empty:
             tally.add(batch)
             done = batch.id
+    done_at = time.perf_counter()
     if done is not None:
         conn.ack(done)
+    return done_at
 
 
 def _e2e_once(ctx: Context, wire: str, run: int, prefetch: bool) -> dict[str, Any]:
@@ -193,8 +165,8 @@ def _e2e_once(ctx: Context, wire: str, run: int, prefetch: bool) -> dict[str, An
         ):
             conn.subscribe(start="earliest")  # the dataset was written before: from its start
             connected_s = time.perf_counter() - t0
-            (_read_prefetched if prefetch else _read_in_turn)(conn, tally, ds.rows, t0)
-            elapsed = time.perf_counter() - t0
+            done_at = (_read_prefetched if prefetch else _read_in_turn)(conn, tally, ds.rows, t0)
+            elapsed = done_at - t0
     finally:
         stop_all(nodes)
     if tally.rows != ds.rows:
@@ -206,7 +178,8 @@ def _e2e_once(ctx: Context, wire: str, run: int, prefetch: bool) -> dict[str, An
         "client_connect_s": round(connected_s, 3),
         "client_warnings": len(client_warnings), "first_client_warnings": client_warnings[:3],
         "path": "leader node -> REST -> SimpleConnector, get_without_ack carrying the ack of "
-        "the batch before; prefetch_*: the next get in flight (a thread) while one is read",
+        "the batch before; prefetch_*: Connector.stream(prefetch=True), the next get in "
+        "flight (a worker thread) while one is read; timed to the last row read",
         "prefetch": prefetch,
     }  # fmt: skip
 
