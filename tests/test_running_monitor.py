@@ -7,6 +7,7 @@ etcd members killed or stopped are in test_etcd_outage.py.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -263,6 +264,24 @@ def test_campaign_whose_reply_was_lost_is_adopted(clock: FakeClock, calls: Calls
     assert a.cycle(clock()) is R.WON
     kv = mem.get(KEY)
     assert kv is not None and a.leader_epoch() == kv.create_revision
+
+
+def test_a_won_campaign_counts_as_campaigning_until_it_leads(
+    mem: MemoryCoordinator, clock: FakeClock, calls: Calls
+) -> None:
+    """Between the campaign's answer and the term's start, the node's API must see the
+    monitor as campaigning or leading ("starting": the request waits for the term), not
+    as neither: that answered 503 no_leader with Retry-After 1 s to the first client."""
+    a = monitor(mem, clock, "a", calls)
+    with a._state:  # holds _activate just before the term is set (white box: no hook)
+        t = threading.Thread(target=a.cycle, args=(clock(),))
+        t.start()
+        wait_until(lambda: mem.get(KEY) is not None, "the campaign is in etcd", WAIT_S)
+        time.sleep(0.05)  # the cycle has two statements to run before the lock: it can
+        # only make this pass wrongly (fixed: campaigning until the lock is taken)
+        assert a.campaigning(), "won in etcd, neither campaigning nor leading"
+    t.join(WAIT_S)
+    assert a.leader_epoch() is not None and not a.campaigning()
 
 
 def test_etcd_unavailable_for_followers(

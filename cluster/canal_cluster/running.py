@@ -590,7 +590,6 @@ class RunningMonitor:
         self._handing_to = None
         if self._pending is not None and kv.lease == self._pending[0].id:
             lease, granted_at = self._pending  # our campaign won though the reply was lost
-            self._pending = None
             return self._activate(kv.create_revision, lease, granted_at, Reason.WON)
         self._drop_pending()
         holder = RunningInfo.from_kv(kv)
@@ -645,8 +644,8 @@ class RunningMonitor:
         lease = self._coord.grant_lease(self.config.ttl_s)
         self._pending = (lease, granted_at)
         result = self._coord.campaign(self.key, self._record_value, lease)
-        self._pending = None
         if not result.won or result.epoch is None:
+            self._pending = None
             self._stale_leases.append(lease)
             self._last_holder = RunningInfo.from_kv(result.holder).node if result.holder else ""
             self._absent_since = None
@@ -656,10 +655,11 @@ class RunningMonitor:
 
     def _activate(self, epoch: int, lease: Lease, granted_at: float, reason: Reason) -> Reason:
         ttl = min(self.config.ttl_s, lease.ttl_s)
-        with self._state:
+        with self._state:  # campaigning() until leader_epoch() is set: never neither
             self._epoch, self._lease = epoch, lease
             self._valid_until = granted_at + ttl - self.config.safety_margin_s
             self._stale_report = None
+            self._pending = None
         self._last_holder = self.node
         self._absent_since = None
         self._gained_at = granted_at
