@@ -11,6 +11,7 @@ import gc
 import importlib
 import multiprocessing
 import os
+import random
 import statistics
 import threading
 import time
@@ -41,6 +42,10 @@ LATENCY_ACK_MODES = ("on_get", "separate")  # each rate in both, alternating (A/
 # the node's HTTP stack (node.http, node.loop): today's default, then the one before it
 LATENCY_STACKS = ({"http": "httptools", "loop": "uvloop"}, {"http": "h11", "loop": "asyncio"})
 E2E_TIMEOUT_S = 1800.0
+# a trial signals the leader after a random wait of up to one etcd lease-sweep tick (500
+# ms): the trial loop's steps take about the same time every trial, so without it every
+# crash would come at the same phase of that tick and the lease's lateness with it
+KILL_JITTER_S = 0.5
 
 
 def _require() -> Any:
@@ -436,15 +441,17 @@ class _RunningWatch:
 
 
 def _one_failover(
-    nodes: list[BenchNode], arrivals: _Arrivals, how: str, watch: _RunningWatch
+    nodes: list[BenchNode], arrivals: _Arrivals, how: str, watch: _RunningWatch, jitter_s: float
 ) -> dict[str, Any]:
-    """SIGKILL (``how="sigkill"``) or SIGSTOP the leader once; seconds from the signal to
-    the first batch of a higher epoch, and when etcd saw the key go and the next leader."""
+    """SIGKILL (``how="sigkill"``) or SIGSTOP the leader once, ``jitter_s`` after it
+    serves; seconds from the signal to the first batch of a higher epoch, and when etcd
+    saw the key go and the next leader."""
     leader = wait_leader(nodes)
     d = leader.destination()
     assert d is not None
     epoch = int(d["epoch"])
     wait_until(lambda: any(e >= epoch for _, e in arrivals.epochs[-5:]), "batches", 120)
+    time.sleep(jitter_s)
     t0 = time.monotonic()
     if how == "sigkill":
         leader.kill()
@@ -468,6 +475,7 @@ def _one_failover(
                    "the zombie steps down", 120)  # fmt: skip
     return {
         "s": round(got[0] - t0, 3),
+        "jitter_s": round(jitter_s, 3),
         "key_gone_s": None if gone is None else round(gone - t0, 3),
         "elected_s": None if elected is None else round(elected - t0, 3),
     }
@@ -495,6 +503,7 @@ def failover(ctx: Context) -> dict[str, Any]:
     from canal_cluster.keys import Keys
 
     trials = int(ctx.options.get("failover_trials", 20))
+    rng = random.Random(18)  # the signal's jitter: the same draws in every run
     _create_small_table(ctx, "fo")
     ctx.sandbox.primary.execute(f"TRUNCATE TABLE {SCHEMA}.fo")
     election = _election(ctx)
@@ -517,7 +526,8 @@ def failover(ctx: Context) -> dict[str, Any]:
             try:
                 for how in ("sigkill", "sigstop"):
                     for _ in range(trials):
-                        results[how].append(_one_failover(nodes, arrivals, how, watch))
+                        jitter = rng.uniform(0.0, KILL_JITTER_S)
+                        results[how].append(_one_failover(nodes, arrivals, how, watch, jitter))
             finally:
                 arrivals.stop.set()
                 consumer.join(30)
@@ -534,7 +544,8 @@ def failover(ctx: Context) -> dict[str, Any]:
         "max_s": kinds["sigkill"]["max_s"],
         "client": "ClusterConnector (etcd), get_without_ack(1000, 0.5 s) + ack",
         "measured": "signal to the leader -> first batch of a higher epoch at the client; "
-        "SIGSTOP: past the TTL, the zombie resumed after",
+        "SIGSTOP: past the TTL, the zombie resumed after; the signal after a random "
+        f"0-{KILL_JITTER_S:g} s wait (jitter_s, seeded)",
     }  # fmt: skip
 
 
