@@ -11,7 +11,7 @@ import gc
 import importlib
 import multiprocessing
 import os
-import queue
+import random
 import statistics
 import threading
 import time
@@ -42,6 +42,10 @@ LATENCY_ACK_MODES = ("on_get", "separate")  # each rate in both, alternating (A/
 # the node's HTTP stack (node.http, node.loop): today's default, then the one before it
 LATENCY_STACKS = ({"http": "httptools", "loop": "uvloop"}, {"http": "h11", "loop": "asyncio"})
 E2E_TIMEOUT_S = 1800.0
+# a trial signals the leader after a random wait of up to one etcd lease-sweep tick (500
+# ms): the trial loop's steps take about the same time every trial, so without it every
+# crash would come at the same phase of that tick and the lease's lateness with it
+KILL_JITTER_S = 0.5
 
 
 def _require() -> Any:
@@ -113,59 +117,30 @@ def _e2e(ctx: Context, wire: str) -> dict[str, Any]:
     }
 
 
-class _Prefetch(threading.Thread):
-    """Fetches batches ahead of their reader: the get of the next batch is in flight
-    while the reader reads one; each get carries the ack of the last batch the reader
-    finished (``done``). Stops once ``rows`` row changes came."""
-
-    def __init__(self, conn: Any, rows: int) -> None:
-        super().__init__(name="bench-prefetch", daemon=True)
-        self.conn, self.rows = conn, rows
-        self.ready: queue.Queue[Any] = queue.Queue(maxsize=2)
-        self.done = 0  # the last batch read, set by the reader
-        self.acked = 0
-        self.error: list[BaseException] = []
-
-    def run(self) -> None:
-        fetched = 0
-        try:
-            while fetched < self.rows:
-                done = self.done
-                ack = done if done > self.acked else None
-                batch = self.conn.get_without_ack(BATCH_SIZE, 1.0, ack=ack)
-                self.acked = max(self.acked, ack or 0)
-                if not batch.is_empty:
-                    fetched += sum(e.row_count for e in batch.entries)
-                    self.ready.put(batch)
-        except BaseException as exc:  # handed to the reader
-            self.error.append(exc)
-        self.ready.put(None)
+def _read_prefetched(conn: Any, tally: _Tally, rows: int, t0: float) -> float:
+    """Read ``rows`` row changes through the connector's stream with prefetch (the next
+    get in flight while a batch is read; acks on a later get); commit the last batch.
+    Returns when the last row was read (the stream's close, which waits for the get in
+    flight, a long poll with nothing left to read, is not timed)."""
+    done_at = 0.0
+    with conn.stream(BATCH_SIZE, 1.0, prefetch=True) as batches:
+        for batch in batches:
+            if time.perf_counter() - t0 > E2E_TIMEOUT_S:
+                raise TimeoutError(f"{tally.rows} of {rows} rows after {E2E_TIMEOUT_S}s")
+            if not batch.is_empty:
+                tally.add(batch)
+            if tally.rows >= rows:
+                done_at = time.perf_counter()
+                batches.commit()
+                break
+    return done_at
 
 
-def _read_prefetched(conn: Any, tally: _Tally, rows: int, t0: float) -> None:
-    """Read ``rows`` row changes through a ``_Prefetch``; ack the last batch."""
-    fetcher = _Prefetch(conn, rows)
-    fetcher.start()
-    last = 0
-    while tally.rows < rows:
-        batch = fetcher.ready.get(timeout=max(1.0, E2E_TIMEOUT_S - (time.perf_counter() - t0)))
-        if batch is None:
-            raise (
-                fetcher.error[0]
-                if fetcher.error
-                else RuntimeError(f"the prefetch stopped at {tally.rows} of {rows} rows")
-            )
-        tally.add(batch)
-        fetcher.done = last = batch.id
-    fetcher.join(60)
-    if last:
-        conn.ack(last)
-
-
-def _read_in_turn(conn: Any, tally: _Tally, rows: int, t0: float) -> None:
+def _read_in_turn(conn: Any, tally: _Tally, rows: int, t0: float) -> float:
     """Read ``rows`` row changes get after get, each get carrying the ack of the batch
-    before; ack the last batch."""
+    before; ack the last batch. Returns when the last row was read."""
     done: int | None = None
+    done_at = 0.0
     while tally.rows < rows:
         if time.perf_counter() - t0 > E2E_TIMEOUT_S:
             raise TimeoutError(f"{tally.rows} of {rows} rows after {E2E_TIMEOUT_S}s")
@@ -174,8 +149,10 @@ def _read_in_turn(conn: Any, tally: _Tally, rows: int, t0: float) -> None:
         if not batch.is_empty:
             tally.add(batch)
             done = batch.id
+    done_at = time.perf_counter()
     if done is not None:
         conn.ack(done)
+    return done_at
 
 
 def _e2e_once(ctx: Context, wire: str, run: int, prefetch: bool) -> dict[str, Any]:
@@ -193,8 +170,8 @@ def _e2e_once(ctx: Context, wire: str, run: int, prefetch: bool) -> dict[str, An
         ):
             conn.subscribe(start="earliest")  # the dataset was written before: from its start
             connected_s = time.perf_counter() - t0
-            (_read_prefetched if prefetch else _read_in_turn)(conn, tally, ds.rows, t0)
-            elapsed = time.perf_counter() - t0
+            done_at = (_read_prefetched if prefetch else _read_in_turn)(conn, tally, ds.rows, t0)
+            elapsed = done_at - t0
     finally:
         stop_all(nodes)
     if tally.rows != ds.rows:
@@ -206,7 +183,8 @@ def _e2e_once(ctx: Context, wire: str, run: int, prefetch: bool) -> dict[str, An
         "client_connect_s": round(connected_s, 3),
         "client_warnings": len(client_warnings), "first_client_warnings": client_warnings[:3],
         "path": "leader node -> REST -> SimpleConnector, get_without_ack carrying the ack of "
-        "the batch before; prefetch_*: the next get in flight (a thread) while one is read",
+        "the batch before; prefetch_*: Connector.stream(prefetch=True), the next get in "
+        "flight (a worker thread) while one is read; timed to the last row read",
         "prefetch": prefetch,
     }  # fmt: skip
 
@@ -510,15 +488,17 @@ class _RunningWatch:
 
 
 def _one_failover(
-    nodes: list[BenchNode], arrivals: _Arrivals, how: str, watch: _RunningWatch
+    nodes: list[BenchNode], arrivals: _Arrivals, how: str, watch: _RunningWatch, jitter_s: float
 ) -> dict[str, Any]:
-    """SIGKILL (``how="sigkill"``) or SIGSTOP the leader once; seconds from the signal to
-    the first batch of a higher epoch, and when etcd saw the key go and the next leader."""
+    """SIGKILL (``how="sigkill"``) or SIGSTOP the leader once, ``jitter_s`` after it
+    serves; seconds from the signal to the first batch of a higher epoch, and when etcd
+    saw the key go and the next leader."""
     leader = wait_leader(nodes)
     d = leader.destination()
     assert d is not None
     epoch = int(d["epoch"])
     wait_until(lambda: any(e >= epoch for _, e in arrivals.epochs[-5:]), "batches", 120)
+    time.sleep(jitter_s)
     t0 = time.monotonic()
     if how == "sigkill":
         leader.kill()
@@ -542,6 +522,7 @@ def _one_failover(
                    "the zombie steps down", 120)  # fmt: skip
     return {
         "s": round(got[0] - t0, 3),
+        "jitter_s": round(jitter_s, 3),
         "key_gone_s": None if gone is None else round(gone - t0, 3),
         "elected_s": None if elected is None else round(elected - t0, 3),
     }
@@ -569,6 +550,7 @@ def failover(ctx: Context) -> dict[str, Any]:
     from canal_cluster.keys import Keys
 
     trials = int(ctx.options.get("failover_trials", 20))
+    rng = random.Random(18)  # the signal's jitter: the same draws in every run
     _create_small_table(ctx, "fo")
     ctx.sandbox.primary.execute(f"TRUNCATE TABLE {SCHEMA}.fo")
     election = _election(ctx)
@@ -591,7 +573,8 @@ def failover(ctx: Context) -> dict[str, Any]:
             try:
                 for how in ("sigkill", "sigstop"):
                     for _ in range(trials):
-                        results[how].append(_one_failover(nodes, arrivals, how, watch))
+                        jitter = rng.uniform(0.0, KILL_JITTER_S)
+                        results[how].append(_one_failover(nodes, arrivals, how, watch, jitter))
             finally:
                 arrivals.stop.set()
                 consumer.join(30)
@@ -608,7 +591,8 @@ def failover(ctx: Context) -> dict[str, Any]:
         "max_s": kinds["sigkill"]["max_s"],
         "client": "ClusterConnector (etcd), get_without_ack(1000, 0.5 s) + ack",
         "measured": "signal to the leader -> first batch of a higher epoch at the client; "
-        "SIGSTOP: past the TTL, the zombie resumed after",
+        "SIGSTOP: past the TTL, the zombie resumed after; the signal after a random "
+        f"0-{KILL_JITTER_S:g} s wait (jitter_s, seeded)",
     }  # fmt: skip
 
 

@@ -7,6 +7,7 @@ etcd members killed or stopped are in test_etcd_outage.py.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -265,6 +266,24 @@ def test_campaign_whose_reply_was_lost_is_adopted(clock: FakeClock, calls: Calls
     assert kv is not None and a.leader_epoch() == kv.create_revision
 
 
+def test_a_won_campaign_counts_as_campaigning_until_it_leads(
+    mem: MemoryCoordinator, clock: FakeClock, calls: Calls
+) -> None:
+    """Between the campaign's answer and the term's start, the node's API must see the
+    monitor as campaigning or leading ("starting": the request waits for the term), not
+    as neither: that answered 503 no_leader with Retry-After 1 s to the first client."""
+    a = monitor(mem, clock, "a", calls)
+    with a._state:  # holds _activate just before the term is set (white box: no hook)
+        t = threading.Thread(target=a.cycle, args=(clock(),))
+        t.start()
+        wait_until(lambda: mem.get(KEY) is not None, "the campaign is in etcd", WAIT_S)
+        time.sleep(0.05)  # the cycle has two statements to run before the lock: it can
+        # only make this pass wrongly (fixed: campaigning until the lock is taken)
+        assert a.campaigning(), "won in etcd, neither campaigning nor leading"
+    t.join(WAIT_S)
+    assert a.leader_epoch() is not None and not a.campaigning()
+
+
 def test_etcd_unavailable_for_followers(
     mem: MemoryCoordinator, clock: FakeClock, calls: Calls
 ) -> None:
@@ -460,3 +479,33 @@ def test_client_running_monitor_one_active_consumer(etcd_endpoints: list[str]) -
         coords[0].delete(keys.prefix, prefix=True)
         for co in coords:
             co.close()
+
+
+def test_a_new_terms_first_keepalive_comes_after_its_drawn_phase(
+    etcd_endpoints: list[str],
+) -> None:
+    """Keepalives of a term that kept the win's schedule expire just after etcd's lease
+    sweep tick when the win came a fixed switch delay after a sweep: the key then goes a
+    whole tick late after a crash. A new term's first keepalive comes after a drawn
+    fraction of loop_interval_s (here 5% of 8 s), not a whole interval after the win."""
+    cfg = ElectionConfig(ttl_s=12, safety_margin_s=1.5, loop_interval_s=8, switch_delay_s=1)
+    key = f"/t-{uuid.uuid4().hex[:12]}/running"
+    draws: list[float] = []
+
+    def phase() -> float:
+        draws.append(0.05)
+        return 0.05
+
+    coord = EtcdCoordinator(etcd_endpoints, timeout_s=ETCD_TIMEOUT_S)
+    m = RunningMonitor(coord, key, "a", "http://a", cfg, keepalive_phase=phase)
+    try:
+        m.start()
+        wait_until(m.is_leader, "a leads", WAIT_S)
+        assert m.keepalives_ok == 0
+        # 0.4 s after the win with the drawn phase; a whole loop interval (8 s) before
+        wait_until(lambda: m.keepalives_ok >= 1, "the term's first keepalive", 5.0)
+        assert draws == [0.05]  # one draw per term
+        assert [e.reason for e in m.history()] == [Reason.WON, Reason.STILL_LEADER]
+    finally:
+        m.stop()
+        coord.close()

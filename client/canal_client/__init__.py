@@ -16,9 +16,11 @@ FastAPI, uvicorn).
 
 from canal_client.connector import ClusterConnector, Connector, SimpleConnector
 from canal_client.model import Batch, Column, Entry, EntryType, Header, Position, RowChange
+from canal_client.stream import BatchStream
 
 __all__ = [
     "Batch",
+    "BatchStream",
     "ClusterConnector",
     "Column",
     "Connector",

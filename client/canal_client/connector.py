@@ -64,6 +64,7 @@ from canal_client.exclusive import ActiveGate
 from canal_client.inflight import Abandoned, InFlight
 from canal_client.packed import PackedBatch
 from canal_client.resolver import EtcdResolver, Leader, LeaderResolver, StaticResolver
+from canal_client.stream import BatchStream
 from canal_client.wire import HttpChannel, Redirected, Reply, WireFormat
 from canal_cluster.coordinator import Coordinator
 from canal_cluster.keys import DEFAULT_PREFIX, Keys, validate_id
@@ -313,6 +314,21 @@ class Connector:
     def get(self, size: int, timeout_s: float, ack: int | None = None) -> Batch:
         """Like ``get_without_ack`` but acknowledged by the server at once."""
         return self._get_acking(size, timeout_s, True, ack)
+
+    def stream(self, size: int, timeout_s: float, prefetch: bool = True) -> BatchStream:
+        """The batches as an iterator (``canal_client.stream``): each batch is acked by
+        a later get once you ask for the next one; with ``prefetch`` the next get is in
+        flight (a worker thread) while you process a batch. Use it in a ``with`` block:
+        its end rolls back what was not processed (``commit()`` acks the last batch)."""
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise InvalidArgument("size", f"must be an int > 0, got {size!r}")
+        if timeout_s < 0:
+            raise InvalidArgument("timeout_s", f"must be >= 0, got {timeout_s!r}")
+        return BatchStream(self, size, timeout_s, prefetch)
+
+    def outstanding(self, batch_id: int) -> bool:
+        """``batch_id`` was handed out to this connector and not acked or rolled back."""
+        return batch_id in self._batches
 
     def get_batch(self, batch_id: int) -> Batch:
         """An outstanding batch again (``UnknownBatch`` once acked or rolled back)."""

@@ -6,10 +6,13 @@ consumer of a client id).
 
 ``cycle(now)`` makes every decision and returns the ``Reason`` it acted on; the
 monitor thread calls it every ``loop_interval_s`` and earlier when the watch on the
-running key fires. Rules:
+running key fires (not for the record its own campaign wrote). Rules:
 
 - campaign = create the key under a fresh lease; the epoch is its create revision;
-- the leader keeps its lease alive and checks the key is still its own;
+- the leader keeps its lease alive and checks the key is still its own, every
+  ``loop_interval_s``; a new term's first keepalive comes after a random fraction of
+  it (``keepalive_phase``), so the term's keepalives do not inherit the phase of
+  etcd's lease-expiry sweep (see ``_delay``);
 - it fences itself (``FENCED``) once no keepalive has succeeded for
   ``ttl_s - safety_margin_s`` by its monotonic clock; ``is_leader()`` turns false at
   that instant even while the thread is blocked in a call to etcd;
@@ -42,6 +45,7 @@ import enum
 import itertools
 import json
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -57,6 +61,7 @@ from canal_cluster.coordinator import (
     Put,
     Watch,
     WatchEvent,
+    WatchEventType,
 )
 from canal_cluster.keys import Keys, validate_id
 from canal_protocol.errors import (
@@ -267,8 +272,10 @@ class RunningMonitor:
         *,
         handover_key: str | None = None,
         placement: Placement | None = None,
+        keepalive_phase: Callable[[], float] = random.random,
     ) -> None:
         self.config = (config or ElectionConfig()).validate(coordinator.timeout_s)
+        self._keepalive_phase = keepalive_phase  # fraction of loop_interval_s, per term
         self.key = key
         self.node = validate_id(node, "node")
         self._coord = coordinator
@@ -399,6 +406,8 @@ class RunningMonitor:
             self._thread.join(timeout_s if timeout_s is not None else 4 * self._coord.timeout_s + 5)
 
     def _on_watch(self, event: WatchEvent) -> None:
+        if event.type is WatchEventType.PUT and event.value == self._record_value:
+            return  # our own campaign's record (node names are unique per key): no news
         self._wake.set()
 
     def _loop(self) -> None:
@@ -415,9 +424,19 @@ class RunningMonitor:
                 self._record(self._release(), self._clock())
 
     def _delay(self, reason: Reason) -> float:
+        """How long the thread waits before the next cycle (a watch event or a request
+        wakes it earlier). A new term's first keepalive comes after a random fraction of
+        ``loop_interval_s``: etcd revokes expired leases on a fixed tick (500 ms in 3.4)
+        and a standby wins a fixed switch delay after a revocation, so keepalives kept on
+        the win's schedule would expire just after a tick, and the key would go a whole
+        tick late after the next crash, every time; a random phase makes that lateness
+        half a tick on average."""
         if reason in _STEP_DOWN:
             return 0.0  # the previous owner re-campaigns at once
         delay = self.config.loop_interval_s
+        if reason in _GAINED:
+            phase = min(max(self._keepalive_phase(), 0.0), 1.0)
+            delay *= phase
         now = self._clock()
         if self._epoch is not None:
             delay = min(delay, self._valid_until - now)
@@ -571,7 +590,6 @@ class RunningMonitor:
         self._handing_to = None
         if self._pending is not None and kv.lease == self._pending[0].id:
             lease, granted_at = self._pending  # our campaign won though the reply was lost
-            self._pending = None
             return self._activate(kv.create_revision, lease, granted_at, Reason.WON)
         self._drop_pending()
         holder = RunningInfo.from_kv(kv)
@@ -626,8 +644,8 @@ class RunningMonitor:
         lease = self._coord.grant_lease(self.config.ttl_s)
         self._pending = (lease, granted_at)
         result = self._coord.campaign(self.key, self._record_value, lease)
-        self._pending = None
         if not result.won or result.epoch is None:
+            self._pending = None
             self._stale_leases.append(lease)
             self._last_holder = RunningInfo.from_kv(result.holder).node if result.holder else ""
             self._absent_since = None
@@ -637,10 +655,11 @@ class RunningMonitor:
 
     def _activate(self, epoch: int, lease: Lease, granted_at: float, reason: Reason) -> Reason:
         ttl = min(self.config.ttl_s, lease.ttl_s)
-        with self._state:
+        with self._state:  # campaigning() until leader_epoch() is set: never neither
             self._epoch, self._lease = epoch, lease
             self._valid_until = granted_at + ttl - self.config.safety_margin_s
             self._stale_report = None
+            self._pending = None
         self._last_holder = self.node
         self._absent_since = None
         self._gained_at = granted_at

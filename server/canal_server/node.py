@@ -392,6 +392,8 @@ class Node:
             ours = monitor.leader_epoch()
             if ours is None and monitor.campaigning():  # etcd may name us already
                 ours = leader.epoch if leader is not None and leader.node == self.id else 0
+            elif ours is None:  # a campaign may have been won between the two reads
+                ours = monitor.leader_epoch()
             if ours is not None:
                 role, epoch = Role.STARTING, ours  # serving in moments
             if leader is not None and leader.node == self.id:
