@@ -1,6 +1,7 @@
 """Spark into parquet, beside Spark's own anchors in the same SparkSession.
 
-One node reads the generated binlog from its start; ``benchmarks/spark_job.py`` runs as
+One node reads the generated binlog from its start (its store holds two micro-batches:
+``STORE``); ``benchmarks/spark_job.py`` runs as
 a subprocess (its own SparkSession, ``local[2]``): a warm-up (both anchors over ``range``
 rows, not timed), the ``canal`` source in map mode over every table, a typed stream of
 one table, then the two anchors with the same number of rows of the same shape: Spark's
@@ -32,6 +33,10 @@ SPARK_TIMEOUT_S = 1800.0
 # 500000, rowsPerPartition 50000): what a user gets. A steady state of several
 # micro-batches of that size wants `--rows 2000000` (the README's figures).
 OPTIONS: tuple[str, ...] = ()
+# the nodes' store holds two micro-batches of those defaults (~120 bytes a row in the
+# store): the source prefetches the next one while the executors run the current one
+# (README "Prefetch and the leader's store"); the default 64 MiB holds ~1.1
+STORE: dict[str, int] = {"buffer_bytes": 256 * 1024 * 1024, "buffer_size": 65_536}
 
 
 def _count_parquet_rows(path: str) -> int:
@@ -61,9 +66,10 @@ def _run_job(argv: list[str], log: Path) -> dict[str, Any]:
 def spark_parquet(ctx: Context) -> dict[str, Any]:
     ds = ctx.dataset
     master = {"journal_name": ds.journal, "position": ds.offset}
-    nodes = start_nodes(ctx, 1, "spark", destination={"master": master})
+    destination: dict[str, Any] = {"master": master, "memory": STORE}
+    nodes = start_nodes(ctx, 1, "spark", destination=destination)
     # the typed run reads from its own node: the map run's acks free the first one's store
-    nodes += start_nodes(ctx, 1, "spark-typed", destination={"master": master})
+    nodes += start_nodes(ctx, 1, "spark-typed", destination=destination)
     work = ctx.workdir / "spark"
     table = ds.tables[0]
     argv = [
@@ -105,5 +111,6 @@ def spark_parquet(ctx: Context) -> dict[str, Any]:
         "vs_jvm_range": round(canal["rows_per_s"] / jvm["rows_per_s"], 3),
         "vs_python_arrow": round(canal["rows_per_s"] / arrow["rows_per_s"], 3),
         "command": " ".join(argv[1:]).replace(str(ctx.workdir), "$WORK"),
+        "node_store": STORE,
         "includes": "steady state: micro-batches after the first (see first_batch_s)",
     }  # fmt: skip
