@@ -384,3 +384,23 @@ def test_prefetch_option() -> None:
     assert not CanalOptions.parse({**good, "prefetch": "False"}).prefetch
     with pytest.raises(ConfigError, match="prefetch"):
         CanalOptions.parse({**good, "prefetch": "0"})
+
+
+def test_a_trigger_tops_up_a_small_prefetch_with_what_is_ready() -> None:
+    """The prefetch took less than a trigger's worth (the leader's store held no more
+    beside the running micro-batch): the next trigger takes what is ready now, without
+    waiting, up to maxBatchesPerTrigger batches in all."""
+    server = FakeServer(make_entries(10, 2))  # 30 entries, batches of 4
+    opts = CanalOptions(**{**PREFETCH.__dict__, "max_batches_per_trigger": 3})
+    eng = Engine(server, opts)
+    start = eng.reader.initialOffset()
+    first = eng.reader.latestOffset(start, ReadAllAvailable())
+    assert Offset.from_dict(first).batches == (1, 2, 3)
+    server.entries, rest = server.entries[:14], server.entries[14:]  # a store that is full
+    eng.reader.partitions(start, first)
+    assert eng.reader.wait_prefetch(30)
+    assert list(server.outstanding) == [1, 2, 3, 4]  # the prefetch: entries 12-13 only
+    server.entries += rest
+    second = eng.reader.latestOffset(first, ReadAllAvailable())
+    assert Offset.from_dict(second).batches == (4, 5, 6)  # 4 prefetched, 5-6 topped up
+    assert Offset.from_dict(second).total == 22  # 12 + 2 + 4 + 4

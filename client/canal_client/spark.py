@@ -914,11 +914,11 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._target is not None:
             pending = self._limit(self._until_target(begin, self._target), limit)
         else:
-            pending = self.ledger.between(begin.last, self.ledger.top)
-            if not pending:
+            if not self.ledger.between(begin.last, self.ledger.top):
                 self._fill()
-                pending = self.ledger.between(begin.last, self.ledger.top)
-            pending = self._admit(pending, limit)
+            elif self.options.prefetch:  # what the prefetch took, topped up with what is ready
+                self._fill(0.0, len(self.ledger.batches))
+            pending = self._admit(self.ledger.between(begin.last, self.ledger.top), limit)
         pending = self._same_shape(pending)
         if not pending:
             return start
@@ -949,11 +949,12 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             f"columns fit (or read the table in map mode, without the option 'table')."
         )
 
-    def _fill(self, timeout_s: float | None = None) -> bool:
-        """Up to maxBatchesPerTrigger batches with new entries (repeats do not count) while
-        the ledger holds fewer than maxRowsPerTrigger rows, the first poll waiting
-        ``timeout_s`` (pollTimeoutMs); True when a poll brought nothing."""
-        useful, held = 0, sum(it.rows for it in self.ledger.items)
+    def _fill(self, timeout_s: float | None = None, taken: int = 0) -> bool:
+        """Up to maxBatchesPerTrigger batches with new entries (repeats do not count;
+        ``taken`` of them held already) while the ledger holds fewer than
+        maxRowsPerTrigger rows, the first poll waiting ``timeout_s`` (pollTimeoutMs); True
+        when a poll brought nothing."""
+        useful, held = taken, sum(it.rows for it in self.ledger.items)
         timeout_s = self.options.poll_timeout_s if timeout_s is None else timeout_s
         while useful < self.options.max_batches_per_trigger:
             if self._target is not None and self._served >= self._target.last_key:
