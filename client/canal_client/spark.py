@@ -51,7 +51,9 @@ How batches become micro-batches, exactly once with a checkpointed sink:
   for the client: the planned micro-batch is in it too, unacked) or the availableNow
   target is served. Every other call of the reader first stops the thread (after the
   fetch under way), so the ledger and the connector serve one thread at a time; the
-  next ``latestOffset`` plans what it took. A prefetched batch is an outstanding batch
+  next ``latestOffset`` plans what it took, topped up with what the leader has ready
+  (no wait) while the trigger holds fewer than maxBatchesPerTrigger batches and
+  maxRowsPerTrigger rows. A prefetched batch is an outstanding batch
   like any other: a leader change or a restarted driver rolls it back, the entries come
   again from the cursor and those held already are dropped.
 * A ``start`` (or replay start) the ledger does not hold (driver restarted from its
