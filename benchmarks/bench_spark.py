@@ -1,6 +1,7 @@
 """Spark into parquet, beside Spark's own anchors in the same SparkSession.
 
-One node reads the generated binlog from its start; ``benchmarks/spark_job.py`` runs as
+One node reads the generated binlog from its start (its store holds two micro-batches:
+``STORE``); ``benchmarks/spark_job.py`` runs as
 a subprocess (its own SparkSession, ``local[2]``): a warm-up (both anchors over ``range``
 rows, not timed), the ``canal`` source in map mode over every table, a typed stream of
 one table, then the two anchors with the same number of rows of the same shape: Spark's
@@ -10,6 +11,8 @@ runs are available-now streams: ``rows_per_s`` is their steady state (the micro-
 after the first, from the end of the first to the end of the last); ``first_batch_s``
 is from the query's start to the end of its first micro-batch (the SparkSession was
 already up: ``session_start_s``). The parquet output is counted with pyarrow.
+``CANAL_BENCH_SPARK_B=key=value,...`` (e.g. ``prefetch=false``) adds an A/B: the same
+map-mode run with those options, right after the first, on a node of its own (``b``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ SPARK_TIMEOUT_S = 1800.0
 # 500000, rowsPerPartition 50000): what a user gets. A steady state of several
 # micro-batches of that size wants `--rows 2000000` (the README's figures).
 OPTIONS: tuple[str, ...] = ()
+# the nodes' store holds two micro-batches of those defaults (~120 bytes a row in the
+# store): the source prefetches the next one while the executors run the current one
+# (README "Prefetch and the leader's store"); the default 64 MiB holds ~1.1
+STORE: dict[str, int] = {"buffer_bytes": 256 * 1024 * 1024, "buffer_size": 65_536}
 
 
 def _count_parquet_rows(path: str) -> int:
@@ -58,12 +65,25 @@ def _run_job(argv: list[str], log: Path) -> dict[str, Any]:
     return result
 
 
+def _b_run(b: dict[str, Any], options: list[str], jvm_rows_per_s: float) -> dict[str, Any]:
+    """The B run of an A/B (``CANAL_BENCH_SPARK_B``): its options, rate and micro-batches."""
+    keep = ("rows", "rows_per_s", "steady_s", "first_batch_s", "micro_batches", "batches")
+    return {
+        "options": options, **{k: b[k] for k in keep},
+        "vs_jvm_range": round(b["rows_per_s"] / jvm_rows_per_s, 3),
+    }  # fmt: skip
+
+
 def spark_parquet(ctx: Context) -> dict[str, Any]:
     ds = ctx.dataset
     master = {"journal_name": ds.journal, "position": ds.offset}
-    nodes = start_nodes(ctx, 1, "spark", destination={"master": master})
+    destination: dict[str, Any] = {"master": master, "memory": STORE}
+    nodes = start_nodes(ctx, 1, "spark", destination=destination)
     # the typed run reads from its own node: the map run's acks free the first one's store
-    nodes += start_nodes(ctx, 1, "spark-typed", destination={"master": master})
+    nodes += start_nodes(ctx, 1, "spark-typed", destination=destination)
+    b_options = [o for o in os.environ.get("CANAL_BENCH_SPARK_B", "").split(",") if o]
+    if b_options:
+        nodes += start_nodes(ctx, 1, "spark-b", destination=destination)
     work = ctx.workdir / "spark"
     table = ds.tables[0]
     argv = [
@@ -72,9 +92,11 @@ def spark_parquet(ctx: Context) -> dict[str, Any]:
         "--warm-up-rows", str(ds.rows),
         *(arg for opt in OPTIONS for arg in ("--option", opt)),
     ]  # fmt: skip
+    if b_options:
+        argv += ["--b-server", nodes[2].url, *(a for o in b_options for a in ("--b-option", o))]
     try:
-        wait_leader(nodes[:1])
-        wait_leader(nodes[1:])
+        for node in nodes:
+            wait_leader([node])
         result = _run_job(argv, Path(os.environ.get("CANAL_BENCH_SPARK_LOG", work / "job.log")))
     finally:
         stop_all(nodes)
@@ -90,7 +112,9 @@ def spark_parquet(ctx: Context) -> dict[str, Any]:
         result["python_arrow"],
         result["python_arrow_typed"],
     )
+    b = result.get("canal_b")
     return {
+        **({"b": _b_run(b, b_options, jvm["rows_per_s"])} if b else {}),
         "rows": rows, "rows_per_s": canal["rows_per_s"], "seconds": canal["steady_s"],
         "first_batch_s": canal["first_batch_s"], "micro_batches": canal["micro_batches"],
         "rows_per_micro_batch": canal["rows_per_micro_batch"],
@@ -105,5 +129,6 @@ def spark_parquet(ctx: Context) -> dict[str, Any]:
         "vs_jvm_range": round(canal["rows_per_s"] / jvm["rows_per_s"], 3),
         "vs_python_arrow": round(canal["rows_per_s"] / arrow["rows_per_s"], 3),
         "command": " ".join(argv[1:]).replace(str(ctx.workdir), "$WORK"),
+        "node_store": STORE,
         "includes": "steady state: micro-batches after the first (see first_batch_s)",
     }  # fmt: skip

@@ -4,6 +4,8 @@
    code generation and JIT, the Python workers: what a long-running stream has long
    behind it, and what the anchors would otherwise get from the runs before them);
 1. ``canal``: the canal source (map mode, every table) → parquet, available-now;
+   ``canal_b`` (with ``--b-server``): the same run with the ``--b-option`` options too,
+   on a node of its own (an A/B of options in one run);
 2. ``canal_typed``: a typed stream of one table → parquet, available-now;
 3. ``jvm_range``: Spark's own ``range`` → rows of the same shape (the map mode's
    schema, the same number of rows) → parquet;
@@ -54,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workdir", required=True, type=Path)
     p.add_argument("--table", required=True, help="schema.table of the typed run")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--b-server", default="", help="a node of its own for a B run (A/B)")
+    p.add_argument("--b-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="the B run's options, after the --option ones")  # fmt: skip
     p.add_argument("--master", default="local[2]")
     p.add_argument("--warm-up-rows", type=int, default=300_000, help="rows of the warm-up")
     return p.parse_args(argv)
@@ -245,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     result["warm_up"] = warm_up(spark, args.warm_up_rows, args.workdir, per_partition)
     canal = stream(spark, args, "canal", args.server)
     result["canal"] = canal
+    if args.b_server:  # the same map-mode run with other options, right after (A/B)
+        b_args = argparse.Namespace(**{**vars(args), "option": args.option + args.b_option})
+        result["canal_b"] = stream(spark, b_args, "canal_b", args.b_server)
     result["canal_typed"] = stream(spark, args, "canal_typed", args.typed_server, table=args.table)
     result["jvm_range"] = jvm_range(spark, canal["rows"], args.workdir / "jvm_range")
     result["python_arrow"] = python_arrow(

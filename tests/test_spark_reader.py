@@ -27,7 +27,9 @@ OPTS = CanalOptions(
     servers=("fake://",),
     batch_size=4,
     max_batches_per_trigger=1,
+    prefetch=False,  # the tests of the prefetch below turn it on
 )
+PREFETCH = CanalOptions(**{**OPTS.__dict__, "prefetch": True})
 
 
 class Engine:
@@ -72,6 +74,8 @@ class Engine:
 
     def run(self, n: int) -> None:
         parts = self.reader.partitions(self.offset(n - 1), self.offset(n))
+        # the prefetch runs while the executors do: let it end by itself (deterministic)
+        assert self.reader.wait_prefetch(30), "the prefetch did not end"
         self.sink[n] = arrow_rows(b for p in parts for b in self.reader.read(p))
         self.committed = n
 
@@ -216,14 +220,16 @@ def test_available_now_stops_at_entries_committed_after_it_began() -> None:
     assert eng.rows() == expected(entries[:9])
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("seed", range(40))
-def test_random_crashes_failovers_and_growth_keep_exactly_once(seed: int) -> None:
+def test_random_crashes_failovers_and_growth_keep_exactly_once(seed: int, prefetch: bool) -> None:
     rnd = random.Random(seed)
     everything = make_entries(40, rnd.randint(1, 3))
     server = FakeServer(everything[:10])
     opts = CanalOptions(
-        **{**OPTS.__dict__, "batch_size": rnd.randint(1, 6), "max_batches_per_trigger": 2}
-    )
+        **{**OPTS.__dict__, "batch_size": rnd.randint(1, 6), "max_batches_per_trigger": 2,
+           "prefetch": prefetch}
+    )  # fmt: skip
     eng = Engine(server, opts)
     for _ in range(60):
         op = rnd.random()
@@ -306,3 +312,95 @@ def test_partitions_are_even_and_hold_whole_entries() -> None:
     sizes = [p.rows for p in parts]
     assert len(parts) == 3 and sum(sizes) == 60 and max(sizes) - min(sizes) <= 3
     assert [r for p in parts for r in arrow_rows(reader.read(p))] == expected(server.entries)
+
+
+def test_the_prefetch_takes_the_next_batches_while_the_micro_batch_runs() -> None:
+    """After ``partitions`` the reader fetches a trigger's worth more (without ack) in a
+    thread; the next trigger plans them without a fetch of its own."""
+    server = FakeServer(make_entries(10, 2))  # 30 entries
+    opts = CanalOptions(**{**PREFETCH.__dict__, "max_batches_per_trigger": 2})
+    eng = Engine(server, opts)
+    assert eng.step()
+    assert list(server.outstanding) == [1, 2, 3, 4] and server.acks == []
+    conn = eng.connectors[-1]
+    fetches = conn.calls.count("get_without_ack")
+    start = eng.offset(0)
+    end = eng.reader.latestOffset(start, ReadAllAvailable())
+    assert conn.calls.count("get_without_ack") == fetches  # planned from the prefetch
+    assert Offset.from_dict(end).batches == (3, 4) and server.acks == [2]
+    eng.offsets.append(json.dumps(end))
+    eng.reader.commit(start)
+    eng.run(1)
+    eng.drain()
+    assert eng.rows() == expected(server.entries)
+    assert server.outstanding == {}
+
+
+def test_the_prefetch_is_bounded_by_max_rows_per_trigger() -> None:
+    server = FakeServer(make_entries(20, 3))  # BEGIN, 3 rows, END; batches of 3 entries
+    opts = CanalOptions(
+        **{**PREFETCH.__dict__, "batch_size": 3, "max_batches_per_trigger": 10,
+           "max_rows_per_trigger": 5}
+    )  # fmt: skip
+    eng = Engine(server, opts)
+    assert eng.step()
+    # the trigger took batches 1-2 (6 rows held), planned 3 rows; the 3 rows after the
+    # plan and the 3 of batch 3 reach 5: the prefetch took batch 3 only
+    assert list(server.outstanding) == [1, 2, 3]
+    eng.drain()
+    assert eng.rows() == expected(server.entries)
+    assert max(len(rows) for rows in eng.sink.values()) <= 5
+
+
+def test_prefetched_batches_lost_in_a_failover_are_read_again_once() -> None:
+    """The leader changes while prefetched (unplanned, unacked) batches are outstanding:
+    the new leader delivers them again from the cursor; every row once."""
+    server = FakeServer(make_entries(20, 2))
+    opts = CanalOptions(**{**PREFETCH.__dict__, "max_batches_per_trigger": 3})
+    eng = Engine(server, opts)
+    eng.step()
+    eng.step()
+    assert len(server.outstanding) > 3  # planned and prefetched batches
+    server.failover(cursor_back_to=server.cursor, reuse_ids=True)
+    eng.drain()
+    assert eng.rows() == expected(server.entries)
+    assert server.cursor == len(server.entries)
+
+
+def test_stop_ends_the_prefetch() -> None:
+    server = FakeServer(make_entries(10, 2))
+    eng = Engine(server, PREFETCH)
+    start = eng.reader.initialOffset()
+    end = eng.reader.latestOffset(start, ReadAllAvailable())
+    eng.reader.partitions(start, end)
+    eng.reader.stop()
+    assert eng.reader.wait_prefetch(0)
+    assert not eng.connectors[-1].connected
+
+
+def test_prefetch_option() -> None:
+    good = {"server": "http://127.0.0.1:1", "destination": "d", "clientId": "c"}
+    assert CanalOptions.parse(good).prefetch
+    assert not CanalOptions.parse({**good, "prefetch": "False"}).prefetch
+    with pytest.raises(ConfigError, match="prefetch"):
+        CanalOptions.parse({**good, "prefetch": "0"})
+
+
+def test_a_trigger_tops_up_a_small_prefetch_with_what_is_ready() -> None:
+    """The prefetch took less than a trigger's worth (the leader's store held no more
+    beside the running micro-batch): the next trigger takes what is ready now, without
+    waiting, up to maxBatchesPerTrigger batches in all."""
+    server = FakeServer(make_entries(10, 2))  # 30 entries, batches of 4
+    opts = CanalOptions(**{**PREFETCH.__dict__, "max_batches_per_trigger": 3})
+    eng = Engine(server, opts)
+    start = eng.reader.initialOffset()
+    first = eng.reader.latestOffset(start, ReadAllAvailable())
+    assert Offset.from_dict(first).batches == (1, 2, 3)
+    server.entries, rest = server.entries[:14], server.entries[14:]  # a store that is full
+    eng.reader.partitions(start, first)
+    assert eng.reader.wait_prefetch(30)
+    assert list(server.outstanding) == [1, 2, 3, 4]  # the prefetch: entries 12-13 only
+    server.entries += rest
+    second = eng.reader.latestOffset(first, ReadAllAvailable())
+    assert Offset.from_dict(second).batches == (4, 5, 6)  # 4 prefetched, 5-6 topped up
+    assert Offset.from_dict(second).total == 22  # 12 + 2 + 4 + 4

@@ -322,3 +322,43 @@ def test_the_ledger_keeps_every_entry_of_a_compressed_transaction(tmp_path: Any)
     head = batch_end(PackedBatch.of(Batch(2, entries[:2])))
     assert keys[1] <= head < keys[2]
     assert [r[COL["after"]] for r in entry_rows(entries[1])] == [{"id": "1"}]
+
+
+def test_typed_primary_keys_equal_the_map_modes() -> None:
+    """Typed mode builds ``primary_key`` with Arrow over the whole partition: the same
+    text as map mode (``entry_rows``), for a DELETE (its before image), NULL, binary and
+    escaped values, DDL (null), and a key that changes inside the partition."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from canal_client.packed import PackedBatch
+    from canal_client.spark_arrow import record_batch
+    from canal_client.spark_schema import TypedTable, typed_struct
+    from canal_protocol import Batch
+
+    kinds = [("k", "varchar(20)"), ("b", "varbinary(4)"), ("u", "bigint unsigned"), ("t", "text")]
+
+    def image(*values: Any, keys: str = "kb") -> list[dict[str, Any]]:
+        return [col(n, v, n in keys, t) for (n, t), v in zip(kinds, values, strict=True)]
+
+    odd = ['a"b\\c', b"\x00\xff", 18446744073709551615, "héllo\n😀"]
+    plain = ["x", b"", 0, None]
+    entries = [
+        rowdata("INSERT", [{"before": [], "after": image(*odd)}]),
+        rowdata("UPDATE", [{"before": image(*plain), "after": image(*odd)}]),
+        rowdata("DELETE", [{"before": image(*odd), "after": []}]),
+        rowdata("INSERT", [{"before": [], "after": image(None, None, 1, "n")}]),
+        ddl_entry("ALTER TABLE t.items ADD PRIMARY KEY (u)", 9000),
+        rowdata("DELETE", [{"before": image(*plain, keys="u"), "after": []}]),
+        rowdata("UPDATE", [{"before": image(*plain, keys="u"), "after": image(*odd, keys="u")}]),
+    ]
+    columns = [{"name": n, "mysql_type": t, "is_key": n in "kb"} for n, t in kinds]
+    wire = {"schema": "t", "table": "items", "columns": columns}
+    table = TypedTable.from_wire(wire)
+    packed = PackedBatch.of(Batch(1, [Entry.from_wire(e) for e in entries]))
+    data = b"".join(e.data for e in packed.entries)
+    schema = to_arrow_schema(typed_struct(table), timezone="UTC")
+    got = record_batch(data, len(packed.entries), schema, table).column("primary_key")
+    want = [row[COL["primary_key"]] for e in entries for row in entry_rows(e)]
+    assert got.to_pylist() == want
+    assert want[2] == '{"k":"a\\"b\\\\c","b":"AP8="}' and want[4] is None
+    assert want[5] == '{"u":"0"}' and want[6] == '{"u":"18446744073709551615"}'

@@ -18,7 +18,7 @@ the leader when the query starts; a table map of another shape stops the query w
 ``maxBatchesPerTrigger`` (100), ``maxRowsPerTrigger`` (500000), ``replayTimeoutS`` (120),
 ``rowsPerPartition`` (50000),
 ``exclusive`` (false: one active consumer per client id), ``availableNowStallS`` (120),
-``startingOffsets`` (``earliest``; see README), ``table`` (typed mode),
+``startingOffsets`` (``earliest``; see README), ``table`` (typed mode), ``prefetch`` (true),
 ``connectorFactory`` (tests: ``module:function`` building the connector); a secured etcd
 (``https://`` endpoints): ``etcdCaFile``, ``etcdCertFile``, ``etcdKeyFile``, ``etcdUser``
 and ``etcdPassword`` or ``etcdPasswordFile``; ``tokenFile`` instead of ``token`` (files
@@ -44,6 +44,18 @@ How batches become micro-batches, exactly once with a checkpointed sink:
   run). Server batches stay outstanding until then; the last micro-batch of an
   availableNow run is acked by the run's final ``latestOffset`` (the one that finds
   nothing more).
+* ``prefetch``: while the executors run a micro-batch (from the end of
+  ``partitions``), a thread takes the next server batches without ack into the ledger:
+  up to maxBatchesPerTrigger batches, until the entries after the planned end hold
+  maxRowsPerTrigger rows, a poll finds nothing (the leader's store holds nothing more
+  for the client: the planned micro-batch is in it too, unacked) or the availableNow
+  target is served. Every other call of the reader first stops the thread (after the
+  fetch under way), so the ledger and the connector serve one thread at a time; the
+  next ``latestOffset`` plans what it took, topped up with what the leader has ready
+  (no wait) while the trigger holds fewer than maxBatchesPerTrigger batches and
+  maxRowsPerTrigger rows. A prefetched batch is an outstanding batch
+  like any other: a leader change or a restarted driver rolls it back, the entries come
+  again from the cursor and those held already are dropped.
 * A ``start`` (or replay start) the ledger does not hold (driver restarted from its
   checkpoint, a new run, a range the ledger no longer holds): roll back, then move the
   client's cursor through ``start``'s entry (``POST .../cursor``: committed by Spark,
@@ -92,6 +104,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -209,6 +222,13 @@ def _int(opts: Mapping[str, str], name: str, default: int, low: int, high: int) 
     return value
 
 
+def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = str(opts.get(name, default)).strip().lower()
+    if raw not in ("true", "false"):
+        raise ConfigError(name, f"must be true or false, got {raw!r}")
+    return raw == "true"
+
+
 def _list(raw: str | None) -> tuple[str, ...]:
     return tuple(p.strip() for p in (raw or "").split(",") if p.strip())
 
@@ -240,6 +260,7 @@ class CanalOptions:
     etcd_user: str = ""
     etcd_password: str = field(default="", repr=False)
     table: str = ""  # typed mode: "schema.table"
+    prefetch: bool = True
 
     @property
     def table_parts(self) -> tuple[str, str]:
@@ -255,9 +276,7 @@ class CanalOptions:
         for name in ("destination", "clientId"):
             if not str(opts.get(name, "")).strip():
                 raise ConfigError(name, "is required")
-        exclusive = str(opts.get("exclusive", "false")).strip().lower()
-        if exclusive not in ("true", "false"):
-            raise ConfigError("exclusive", f"must be true or false, got {exclusive!r}")
+        exclusive, prefetch = _bool(opts, "exclusive", False), _bool(opts, "prefetch", True)
         starting = str(opts.get("startingOffsets", "earliest")).strip().lower()
         if starting not in ("earliest", "latest"):
             raise ConfigError("startingOffsets", f"must be earliest or latest, got {starting!r}")
@@ -280,7 +299,7 @@ class CanalOptions:
             max_rows_per_trigger=_int(opts, "maxRowsPerTrigger", 500_000, 1, 1_000_000_000),
             replay_timeout_s=float(_int(opts, "replayTimeoutS", 120, 1, 86_400)),
             rows_per_partition=_int(opts, "rowsPerPartition", 50_000, 1, 10_000_000),
-            exclusive=exclusive == "true",
+            exclusive=exclusive,
             connector_factory=factory,
             available_now_stall_s=float(_int(opts, "availableNowStallS", 120, 1, 86_400)),
             starting_offsets=starting,
@@ -290,6 +309,7 @@ class CanalOptions:
             etcd_user=str(opts.get("etcdUser", "")),
             etcd_password=_secret_option(opts, "etcdPassword", "etcdPasswordFile"),
             table=table,
+            prefetch=prefetch,
         )
 
     def etcd_security(self) -> Any:
@@ -691,6 +711,44 @@ class Ledger:
         self.prev = floor if exact else None
 
 
+# -- the prefetch: the next server batches while the executors run a micro-batch ----------
+
+
+class _Prefetch:
+    """A thread calling ``step`` until it returns False (a trigger's worth held, or a
+    poll found nothing) or ``finish`` is called. ``step`` is the reader's own fetch: the
+    reader calls ``finish`` (which waits for the fetch under way) before it touches its
+    ledger or its connector again, so the two never run at the same time."""
+
+    def __init__(self, step: Callable[[], bool], what: str) -> None:
+        self._step, self._what = step, what
+        self._stop = threading.Event()
+        self.batches = 0
+        self._thread = threading.Thread(target=self._run, name="canal-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set() and self._step():
+                self.batches += 1
+        except Exception as exc:  # the reader's next fetch meets it again, if it lasts
+            level = logging.INFO if self._stop.is_set() else logging.WARNING
+            log.log(level, "%s: prefetch stopped: %s", self._what, exc)
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait for the thread to end by itself; True when it has."""
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def finish(self, timeout_s: float | None = None) -> bool:
+        """Stop after the fetch under way; True when the thread has ended."""
+        self._stop.set()
+        return self.wait(timeout_s)
+
+
+PREFETCH_STOP_S = 30.0  # ``stop()``: how long the prefetch thread may take to end
+
+
 # -- Spark classes ---------------------------------------------------------------------
 
 
@@ -732,6 +790,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._served = MIN_KEY  # how far the batches of this ledger reached
         self._reader_past: int | None = None  # epoch whose reader was seen past the target
         self._last_reader: BinlogPoint | None = None
+        self._prefetch: _Prefetch | None = None
 
     # -- connection
 
@@ -802,12 +861,54 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         log.debug("%s: batch %d, %d new entries", self._what(), batch.id, added)
         return added
 
+    # -- prefetch (see the module docstring)
+
+    def _start_prefetch(self, end: EntryKey) -> None:
+        """Fetch on in a thread, while the executors run the micro-batch up to ``end``:
+        up to maxBatchesPerTrigger batches, until the entries after ``end`` hold
+        maxRowsPerTrigger rows, a poll finds nothing, or the availableNow target is
+        served."""
+        if not self.options.prefetch or self._connector is None:
+            return
+        rows = sum(it.rows for it in self.ledger.items if it.key > end)
+        budget = [self.options.max_rows_per_trigger - rows, self.options.max_batches_per_trigger]
+
+        def step() -> bool:
+            if budget[0] <= 0 or budget[1] <= 0:
+                return False
+            if self._target is not None and self._served >= self._target.last_key:
+                return False
+            added = self._fetch(0.0)
+            if added is None:
+                return False
+            items = self.ledger.items
+            budget[0] -= sum(it.rows for it in items[len(items) - added :])
+            budget[1] -= added > 0
+            return True
+
+        self._prefetch = _Prefetch(step, self._what())
+
+    def _end_prefetch(self, timeout_s: float | None = None) -> None:
+        """Stop the prefetch (after the fetch under way): the ledger holds what it took."""
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is None:
+            return
+        if not prefetch.finish(timeout_s):
+            log.warning("%s: the prefetch did not end within %g s", self._what(), timeout_s)
+        elif prefetch.batches:
+            log.debug("%s: %d batches prefetched", self._what(), prefetch.batches)
+
+    def wait_prefetch(self, timeout_s: float | None = None) -> bool:
+        """Wait until the prefetch ended by itself (tests); True when none is running."""
+        return self._prefetch is None or self._prefetch.wait(timeout_s)
+
     # -- DataSourceStreamReader
 
     def initialOffset(self) -> dict[str, Any]:
         return Offset().to_dict()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        self._end_prefetch()
         begin = Offset.from_dict(start)
         if not (self.ledger.floor <= begin.last <= self.ledger.top):
             self._restart_at(begin.last, "planning after")
@@ -815,11 +916,11 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._target is not None:
             pending = self._limit(self._until_target(begin, self._target), limit)
         else:
-            pending = self.ledger.between(begin.last, self.ledger.top)
-            if not pending:
+            if not self.ledger.between(begin.last, self.ledger.top):
                 self._fill()
-                pending = self.ledger.between(begin.last, self.ledger.top)
-            pending = self._admit(pending, limit)
+            elif self.options.prefetch:  # what the prefetch took, topped up with what is ready
+                self._fill(0.0, len(self.ledger.batches))
+            pending = self._admit(self.ledger.between(begin.last, self.ledger.top), limit)
         pending = self._same_shape(pending)
         if not pending:
             return start
@@ -850,11 +951,12 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             f"columns fit (or read the table in map mode, without the option 'table')."
         )
 
-    def _fill(self, timeout_s: float | None = None) -> bool:
-        """Up to maxBatchesPerTrigger batches with new entries (repeats do not count) while
-        the ledger holds fewer than maxRowsPerTrigger rows, the first poll waiting
-        ``timeout_s`` (pollTimeoutMs); True when a poll brought nothing."""
-        useful, held = 0, sum(it.rows for it in self.ledger.items)
+    def _fill(self, timeout_s: float | None = None, taken: int = 0) -> bool:
+        """Up to maxBatchesPerTrigger batches with new entries (repeats do not count;
+        ``taken`` of them held already) while the ledger holds fewer than
+        maxRowsPerTrigger rows, the first poll waiting ``timeout_s`` (pollTimeoutMs); True
+        when a poll brought nothing."""
+        useful, held = taken, sum(it.rows for it in self.ledger.items)
         timeout_s = self.options.poll_timeout_s if timeout_s is None else timeout_s
         while useful < self.options.max_batches_per_trigger:
             if self._target is not None and self._served >= self._target.last_key:
@@ -985,10 +1087,17 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return key.end >= 0 and (pos.get("journal"), pos.get("offset")) == (key.file, key.end)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[CanalPartition]:
+        self._end_prefetch()
         begin, stop = Offset.from_dict(start), Offset.from_dict(end)
         if stop.total <= begin.total:
             return []
         items = [it for it in self._range(begin, stop) if it.data is not None]
+        parts = self._split(items)
+        self._start_prefetch(stop.last)
+        return parts
+
+    def _split(self, items: list[_Item]) -> list[CanalPartition]:
+        """Partitions of about rowsPerPartition rows, of whole entries."""
         parts: list[CanalPartition] = []
         group: list[_Item] = []
         total = sum(it.rows for it in items)
@@ -1054,6 +1163,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield batch
 
     def commit(self, end: dict[str, Any]) -> None:
+        self._end_prefetch()
         self._settle(Offset.from_dict(end).last)
 
     def _settle(self, upto: EntryKey) -> None:
@@ -1068,9 +1178,13 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.warning("%s: ack of batch %d failed: %s", self._what(), batch_id, exc)
 
     def stop(self) -> None:
+        prefetch = self._prefetch
+        if prefetch is not None:
+            prefetch.finish(0.0)  # asks it to stop; the disconnect ends a retry under way
         if self._connector is not None:
             self._connector.disconnect()
-            self._connector = None
+        self._end_prefetch(PREFETCH_STOP_S)
+        self._connector = None
         close = getattr(self._probe, "close", None)
         if callable(close):
             close()
@@ -1079,6 +1193,7 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Record the target: the leader's binlog end now (see the module docstring)."""
+        self._end_prefetch()
         self._until_ms = int(time.time() * 1000)
         progress = self._probe(self._conn())
         target = progress.binlog_end if progress is not None else None

@@ -62,36 +62,6 @@ def _castable(text: str, to: pa.DataType) -> bool:
     return True
 
 
-def _text(v: Any) -> str:
-    return v if type(v) is str else str(v)
-
-
-def _b64(v: Any) -> str:
-    return binascii.b2a_base64(v, newline=False).decode("ascii")
-
-
-def _json_value(v: Any, binary: bool) -> str:
-    if v is None:
-        return "null"
-    text = _b64(v) if binary else _text(v)
-    return '"' + text + '"' if type(v) is int else json.dumps(text, ensure_ascii=False)
-
-
-def _key_texts(cols: Any, images: Sequence[Sequence[Any]]) -> list[str | None]:
-    """``primary_key`` of each image: compact JSON of the key columns, values as text."""
-    keys, names, types = cols["keys"], cols["names"], cols["mysql_types"]
-    idx = [i for i, k in enumerate(keys) if k]
-    if not idx:
-        return [None] * len(images)
-    prefix = [json.dumps(names[i], ensure_ascii=False) + ":" for i in idx]
-    binary = [is_binary_type(types[i]) for i in idx]
-    if len(idx) == 1 and not binary[0]:
-        i, head = idx[0], "{" + prefix[0]
-        return [head + _json_value(r[i], False) + "}" for r in images]
-    parts = list(zip(prefix, idx, binary, strict=True))
-    return ["{" + ",".join(p + _json_value(r[i], b) for p, i, b in parts) + "}" for r in images]
-
-
 class _Images:
     """The ``before``/``after`` columns of a partition (map or struct)."""
 
@@ -124,6 +94,17 @@ def _text_way(mysql_type: str) -> pa.DataType | str:
     return "b64" if is_binary_type(mysql_type) else "py"
 
 
+def _b64_column(values: Sequence[Any]) -> pa.Array:
+    """Base64 text of binary values (``TypeError`` for a value of another type)."""
+    b2a = binascii.b2a_base64
+    try:  # no NULL: one C call a value, the newline it adds cut off by Arrow
+        lines = pa.array(list(map(b2a, values)), pa.binary())
+        return pc.binary_slice(lines, 0, -1).cast(pa.string())
+    except TypeError:
+        encoded = [None if v is None else b2a(v, newline=False) for v in values]
+        return pa.array(encoded, pa.binary()).cast(pa.string())
+
+
 def _column_text(values: Sequence[Any], way: pa.DataType | str) -> pa.Array:
     """One column's values as text (``value_text``'s), computed by Arrow where it can."""
     try:
@@ -131,9 +112,7 @@ def _column_text(values: Sequence[Any], way: pa.DataType | str) -> pa.Array:
             array = pa.array(values, way)
             return array if way == pa.string() else array.cast(pa.string())
         if way == "b64":  # base64 as bytes, made text by Arrow (ASCII: valid UTF-8)
-            b2a = binascii.b2a_base64
-            encoded = [None if v is None else b2a(v, newline=False) for v in values]
-            return pa.array(encoded, pa.binary()).cast(pa.string())
+            return _b64_column(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
         pass  # not of the declared type: value by value
     return pa.array([value_text(v) for v in values], pa.string())
@@ -195,13 +174,19 @@ class _Layout:
     def key_texts(self, texts: list[pa.Array]) -> pa.Array:
         """``primary_key`` of every row: compact JSON of the key columns' map text."""
         idx = [i for i, k in enumerate(self.keys) if k]
-        if not idx:
-            return pa.nulls(self.rows, pa.string())
-        parts: list[Any] = ["{"]
-        for n, i in enumerate(idx):
-            name = json.dumps(self.names[i], ensure_ascii=False)
-            parts += [("," if n else "") + name + ":", _json_texts(texts[i])]
-        return pc.binary_join_element_wise(*parts, "}", "")
+        return _key_json([self.names[i] for i in idx], [texts[i] for i in idx], self.rows)
+
+
+def _key_json(names: Sequence[str], texts: Sequence[pa.Array], rows: int) -> pa.Array:
+    """``{"name":"text",...}`` of the key columns' texts (null text: ``null``); null
+    rows without key columns."""
+    if not names:
+        return pa.nulls(rows, pa.string())
+    parts: list[Any] = ["{"]
+    for n, (name, text) in enumerate(zip(names, texts, strict=True)):
+        parts += [("," if n else "") + json.dumps(name, ensure_ascii=False) + ":"]
+        parts.append(_json_texts(text))
+    return pc.binary_join_element_wise(*parts, "}", "")
 
 
 class _MapImages(_Images):
@@ -390,7 +375,50 @@ class _StructImages(_Images):
                 kept.append(v)
         return pa.array(kept, pa.string()).cast(to)
 
+    def key_texts(self, runs: list[tuple[Any, int, int]]) -> pa.Array:
+        """``primary_key`` of every row (``RowsBuilder.key_runs``: per run of rows the
+        table map of its key image, or None for DDL, and that image's side): compact
+        JSON of the key columns' text (as map mode's ``_Layout.key_texts``), by Arrow."""
+        layouts = {layout for layout, _, _ in runs if layout is not None}
+        if len(layouts) > 1:  # the key changed inside the partition: run by run
+            return pa.concat_arrays([self._run_keys(runs, i) for i in range(len(runs))])
+        rows = sum(n for _, _, n in runs)
+        if not layouts:
+            return pa.nulls(rows, pa.string())
+        names, types, keys = layouts.pop()
+        before: list[bool] = []
+        for _, side, n in runs:
+            before.extend([side == 0] * n)
+        mask = pa.array(before, pa.bool_())
+        idx = [i for i, k in enumerate(keys) if k]
+        texts = [
+            pc.if_else(
+                mask, *(_column_text(self.values[s][i], _text_way(types[i])) for s in (0, 1))
+            )
+            for i in idx
+        ]
+        out = _key_json([names[i] for i in idx], texts, rows)
+        if all(layout is not None for layout, _, _ in runs):
+            return out
+        ddl: list[bool] = []
+        for layout, _, n in runs:
+            ddl.extend([layout is None] * n)
+        return pc.if_else(pa.array(ddl, pa.bool_()), pa.scalar(None, pa.string()), out)
+
+    def _run_keys(self, runs: list[tuple[Any, int, int]], k: int) -> pa.Array:
+        layout, side, n = runs[k]
+        if layout is None:
+            return pa.nulls(n, pa.string())
+        row, (names, types, keys) = sum(r[2] for r in runs[:k]), layout
+        idx = [i for i, key in enumerate(keys) if key]
+        texts = [
+            _column_text(self.values[side][i][row : row + n], _text_way(types[i])) for i in idx
+        ]
+        return _key_json([names[i] for i in idx], texts, n)
+
     def raw_array(self, rows: int, to: pa.DataType) -> pa.Array:
+        if not self.raw:  # the common case: every value fit
+            return pa.nulls(rows, to)
         return pa.array([self.raw.get(i) for i in range(rows)], to)
 
 
@@ -403,7 +431,9 @@ class RowsBuilder:
         self.top: dict[str, list[Any]] = {name: [] for name in _TOP if name != "row_index"}
         self.row_index: list[int] = []
         self.entry_of_row: list[int] = []  # the entry (index into ``top``) of each row
-        self.keys: list[str | None] = []
+        # typed mode, per run of rows: (names, types, keys) of the key image, or None
+        # (DDL), the side of the key image (a DELETE's: its before image), rows
+        self.key_runs: list[tuple[Any, int, int]] = []
         self.images: _Images = _StructImages(table) if table is not None else _MapImages()
         self.rows = 0
 
@@ -434,7 +464,7 @@ class RowsBuilder:
         if entry.get("is_ddl"):
             self._top(h, 1, True, str(entry.get("sql") or ""))
             if isinstance(self.images, _StructImages):
-                self.keys.append(None)
+                self.key_runs.append((None, 0, 1))
             self.images.add_null(1)
             return
         cols = entry.get("columns")
@@ -444,8 +474,13 @@ class RowsBuilder:
             return
         if isinstance(self.images, _StructImages):
             self.images._check(cols, f"{h.get('logfile')}:{h.get('offset')}")
-            key_images = before if h.get("event_type") == "DELETE" or not after else after
-            self.keys.extend(_key_texts(cols, key_images))  # a DELETE's: its before image
+            side = 0 if h.get("event_type") == "DELETE" or not after else 1
+            layout = (cols["names"], cols["mysql_types"], cols["keys"])
+            runs = self.key_runs
+            if runs and runs[-1][0] == layout and runs[-1][1] == side:
+                runs[-1] = (layout, side, runs[-1][2] + n)
+            else:
+                runs.append((layout, side, n))
         self._top(h, n, False, None)
         self.images.add(cols, before, after, n)
 
@@ -464,8 +499,8 @@ class RowsBuilder:
         if isinstance(self.images, _MapImages):
             arrays += [before, after, self.images.primary_keys()]
         else:
-            arrays += [before, after, pa.array(self.keys, schema.field("primary_key").type)]
             assert isinstance(self.images, _StructImages)
+            arrays += [before, after, self.images.key_texts(self.key_runs)]
             arrays.append(self.images.raw_array(self.rows, schema.field("raw").type))
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
