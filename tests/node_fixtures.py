@@ -295,6 +295,17 @@ def fresh_database(server: MariaDBServer, db: str, *tables: str) -> Iterator[Mar
         server.execute(f"DROP DATABASE IF EXISTS {db}")
 
 
+def db_destination(
+    server: MariaDBServer, db: str, start: tuple[str, int] | None = None
+) -> dict[str, Any]:
+    """A destination reading only ``db`` from ``server``, from ``start`` (journal, offset) or
+    else the server's binlog end now: a client that never acked has no cursor, so a new
+    leader starts at the configured position (else at the binlog end at its takeover)."""
+    journal, position = start if start is not None else server.master_status()
+    master = {"address": f"127.0.0.1:{server.port}", "journal_name": journal, "position": position}
+    return {"filter": {"regex": f"{db}\\..*"}, "master": master}
+
+
 def client_path(client: str) -> str:
     """The REST path of ``client`` on the test destination."""
     return f"/v1/destinations/{DEST}/clients/{client}"

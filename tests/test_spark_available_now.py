@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from node_fixtures import DEST, node_cluster, wait_leader  # noqa: F401  (fixture)
+from node_fixtures import DEST, db_destination, node_cluster, wait_leader  # noqa: F401  (fixture)
 from spark_fixtures import (  # noqa: F401  (fixture)
     FakeConnector,
     FakeServer,
@@ -294,10 +294,7 @@ def test_one_batch_runs_move_the_cursor_and_read_only_new_rows(
     Spark never calls ``commit`` for the last micro-batch of a run; the cursor must still
     move to the end of every run, nothing stay outstanding, and the store be freed."""
     db, client = f"t_once_{uuid.uuid4().hex[:8]}", "spark-once"
-    journal, position = sandbox.primary.master_status()
-    master = {"address": f"127.0.0.1:{sandbox.primary.port}", "journal_name": journal,
-              "position": position}  # fmt: skip
-    nodes = node_cluster(1, destination={"filter": {"regex": f"{db}\\..*"}, "master": master})
+    nodes = node_cluster(1, destination=db_destination(sandbox.primary, db))
     leader = wait_leader(nodes)
     sandbox.primary.execute(
         f"CREATE DATABASE {db}", f"CREATE TABLE {db}.items (id INT PRIMARY KEY, val VARCHAR(32))"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-from node_fixtures import DEST, node_cluster, wait_leader  # noqa: F401  (fixture)
+from node_fixtures import DEST, db_destination, node_cluster, wait_leader  # noqa: F401  (fixture)
 
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
@@ -137,10 +137,7 @@ def test_exactly_once_through_leader_and_driver_kills(
     db = f"t_spark_{uuid.uuid4().hex[:8]}"
     # A client that never acked has no cursor: a new leader would start from the configured
     # position, so configure the test's start (else it is the binlog end at takeover).
-    journal, position = sandbox.primary.master_status()
-    master = {"address": f"127.0.0.1:{sandbox.primary.port}", "journal_name": journal,
-              "position": position}  # fmt: skip
-    nodes = node_cluster(2, destination={"filter": {"regex": f"{db}\\..*"}, "master": master})
+    nodes = node_cluster(2, destination=db_destination(sandbox.primary, db))
     leader = wait_leader(nodes)
     log_.info("nodes up, %s leads", leader.id)
     sandbox.primary.execute(

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from node_fixtures import DEST, node_cluster, wait_leader  # noqa: F401  (fixture)
+from node_fixtures import DEST, db_destination, node_cluster, wait_leader  # noqa: F401  (fixture)
 from spark_fixtures import spark  # noqa: F401  (fixture)
 from test_spark_e2e import ROOT, Driver, committed_batches
 
@@ -120,10 +120,7 @@ def test_mirror_equals_the_tables_through_leader_and_driver_kills(
     tmp_path: Path,
 ) -> None:
     db = f"t_mir_{uuid.uuid4().hex[:8]}"
-    journal, position = sandbox.primary.master_status()
-    master = {"address": f"127.0.0.1:{sandbox.primary.port}", "journal_name": journal,
-              "position": position}  # fmt: skip
-    nodes = node_cluster(2, destination={"filter": {"regex": f"{db}\\..*"}, "master": master})
+    nodes = node_cluster(2, destination=db_destination(sandbox.primary, db))
     leader = wait_leader(nodes)
     sandbox.primary.execute(
         f"CREATE DATABASE {db}", *(f"CREATE TABLE {db}.{t} ({c})" for t, c in TABLES.items())

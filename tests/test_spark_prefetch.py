@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from node_fixtures import DEST, node_cluster, wait_leader  # noqa: F401  (fixture)
+from node_fixtures import DEST, db_destination, node_cluster, wait_leader  # noqa: F401  (fixture)
 from test_spark_db_switch import RealEngine, ids
 
 from canal_client.spark import CanalOptions
@@ -36,10 +36,7 @@ def test_a_leader_sigkill_with_prefetched_batches_outstanding_keeps_exactly_once
     tmp_path: Path,
 ) -> None:
     db = f"t_pf_{uuid.uuid4().hex[:8]}"
-    journal, position = sandbox.primary.master_status()
-    master = {"address": f"127.0.0.1:{sandbox.primary.port}", "journal_name": journal,
-              "position": position}  # fmt: skip
-    nodes = node_cluster(2, destination={"filter": {"regex": f"{db}\\..*"}, "master": master})
+    nodes = node_cluster(2, destination=db_destination(sandbox.primary, db))
     leader = wait_leader(nodes)
     sandbox.primary.execute(
         f"CREATE DATABASE {db}", f"CREATE TABLE {db}.items (id INT PRIMARY KEY, val VARCHAR(20))"

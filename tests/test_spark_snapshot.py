@@ -25,7 +25,13 @@ from typing import Any
 
 import httpx
 import pytest
-from node_fixtures import DEST, NodeProc, node_cluster, wait_leader  # noqa: F401  (fixture)
+from node_fixtures import (  # noqa: F401  (fixture)
+    DEST,
+    NodeProc,
+    db_destination,
+    node_cluster,
+    wait_leader,
+)
 from spark_fixtures import spark  # noqa: F401  (fixture)
 from test_spark_mirror import by_key, mirror_rows, select_all
 from test_spark_typed_stream import committed, to_parquet, typed_query
@@ -135,10 +141,8 @@ def test_snapshot_rows_arrive_once_through_typed_streams_and_the_mirror(
     db = f"t_ssnap_{uuid.uuid4().hex[:8]}"
     table = f"{db}.orders"
     prefill(sandbox, db)
-    journal, position = sandbox.primary.master_status()  # the prefill is before it
-    master = {"address": f"127.0.0.1:{sandbox.primary.port}", "journal_name": journal,
-              "position": position}  # fmt: skip
-    nodes = node_cluster(1, destination={"filter": {"regex": f"{db}\\..*"}, "master": master})
+    # the prefill is before it
+    nodes = node_cluster(1, destination=db_destination(sandbox.primary, db))
     leader = wait_leader(nodes)
     out, ckpt = tmp_path / "rows", tmp_path / "rows-ckpt"
     mirror_out, mirror_ckpt = tmp_path / "mirror", tmp_path / "mirror-ckpt"
