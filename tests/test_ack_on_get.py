@@ -167,10 +167,14 @@ def test_an_ack_of_an_earlier_session_is_not_sent_with_the_get(
         fake.new_leader(b, 9)  # failover: b restores the cursor (0), first is gone
         fake.down.add(A)
         fake.subscribed.clear()
+        assert conn.last_ack_taken is None  # that get carried no ack
         again = conn.get_without_ack(3, 0, ack=first.id)
+        assert conn.last_ack_taken is False  # dropped: a consumer must not count it
         assert [e.rows[0].after_values()["id"] for e in again.entries] == [0, 1, 2]
         assert fake.cursor == 0  # first's ack was not applied to the new leader
+        conn.get_without_ack(3, 0, ack=again.id)
+        assert conn.last_ack_taken is True and fake.cursor == 3
     gets = [body for body in fake.bodies if isinstance(body, dict) and "size" in body]
-    assert "ack" not in gets[-1]
+    assert "ack" not in gets[-2] and gets[-1]["ack"] == again.id  # the stale one, then again's
     assert any("ack of batch" in r.getMessage() and "dropped" in r.getMessage()
                for r in caplog.records)  # fmt: skip

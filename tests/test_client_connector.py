@@ -227,9 +227,9 @@ def test_leader_change_reconnects_resubscribes_rolls_back_and_logs(
         fake.subscribed.clear()
         second = conn.get_without_ack(3, 0)
         assert ids(second) == [0, 1, 2]  # redelivered from the cursor
-        conn.ack(first.id)  # a batch of the old session: dropped, not sent
+        assert conn.ack(first.id) is False  # a batch of the old session: dropped, not sent
         assert fake.cursor == 0
-        conn.ack(second.id)
+        assert conn.ack(second.id) is True
         assert fake.cursor == 3
     assert fake.subscribed == {"1001": "db\\.t"}  # subscribed again with the last filter
     change = [r for r in caplog.records if "following leader change" in r.getMessage()]

@@ -174,6 +174,7 @@ class Connector:
         self._rid_prefix = uuid.uuid4().hex[:12]
         self._rids = itertools.count(1)
         self._acks_on_get = True  # False once a server refused `ack` on a get (older)
+        self._ack_taken: bool | None = None  # the fate of the last get's ack (last_ack_taken)
         self._inflight: InFlight | None = None
         if resolver.follows_changes:
             self._inflight = InFlight(f"{destination}/{client_id}")
@@ -356,8 +357,10 @@ class Connector:
         if ack is not None and (
             not self._acks_on_get or (self._gate is not None and not self._gate.is_active())
         ):
-            self.ack(ack)
-            ack = None
+            taken = self.ack(ack)
+            batch = self._get(size, timeout_s, auto_ack, decode, empty)
+            self._ack_taken = taken
+            return batch
         try:
             return self._get(size, timeout_s, auto_ack, decode, empty, ack)
         except InvalidArgument as exc:
@@ -366,8 +369,17 @@ class Connector:
             log.info("%s/%s: the leader takes no ack on a get (older server): %s",
                      self.destination, self.client_id, exc)  # fmt: skip
             self._acks_on_get = False
-        self.ack(ack)
-        return self._get(size, timeout_s, auto_ack, decode, empty)
+        taken = self.ack(ack)
+        batch = self._get(size, timeout_s, auto_ack, decode, empty)
+        self._ack_taken = taken
+        return batch
+
+    @property
+    def last_ack_taken(self) -> bool | None:
+        """Whether the leader took the ``ack`` of the last get: False when it was dropped
+        (its batch came from an earlier session: its entries come again), None when
+        that get carried no ack (or did not reach a leader)."""
+        return self._ack_taken
 
     def get_batch_packed(self, batch_id: int) -> PackedBatch:
         """``get_batch`` as the leader's bytes (see ``get_without_ack_packed``)."""
@@ -405,9 +417,11 @@ class Connector:
         with self._lock:
             return self._call_leader("table", op)
 
-    def ack(self, batch_id: int) -> None:
-        """Acknowledge every outstanding batch up to ``batch_id``."""
-        self._finish_batch("ack", batch_id, f"/batches/{batch_id}/ack")
+    def ack(self, batch_id: int) -> bool:
+        """Acknowledge every outstanding batch up to ``batch_id``; False when the ack was
+        dropped (the batch came from an earlier session, rolled back by a reconnect, or
+        this consumer is no longer active): its entries come again."""
+        return self._finish_batch("ack", batch_id, f"/batches/{batch_id}/ack")
 
     def rollback(self, batch_id: int | None = None) -> None:
         """Roll back ``batch_id`` and the later ones; None: every outstanding batch."""
@@ -484,11 +498,14 @@ class Connector:
             "layout": "compact", "request_id": f"{self._rid_prefix}-{next(self._rids)}",
         }  # fmt: skip
         packed = decode is _as_packed
+        self._ack_taken = None
         with self._lock:
+            acked: list[bool] = []  # the last attempt's: did its request carry the ack
 
             def op(session: _Session) -> tuple[Any, _Session]:
                 path = f"{self._base()}/batches"
                 acking = ack is not None and not self._stale_ack(ack, session)
+                acked[:] = [acking]
                 sent = {**body, "ack": ack} if acking else body
                 reply = self._request(
                     session, "POST", path, sent, extra_timeout_s=timeout_s,
@@ -501,6 +518,7 @@ class Connector:
             except _Inactive:
                 return cast(B, none)
             if ack is not None:
+                self._ack_taken = acked == [True]
                 self._forget_batches("ack", ack)
             if batch.id < 0:
                 return cast(B, batch)
@@ -527,7 +545,7 @@ class Connector:
             )
             return cast(B, batch)
 
-    def _finish_batch(self, what: str, batch_id: int, path: str) -> None:
+    def _finish_batch(self, what: str, batch_id: int, path: str) -> bool:
         with self._lock:
             lost_in: set[int] = set()  # sessions in which an attempt's answer was lost
 
@@ -546,9 +564,11 @@ class Connector:
                         self.destination, self.client_id, what, batch_id,
                     )  # fmt: skip
 
+            done = True
             try:
                 self._call(what, op)
             except (_StaleBatch, _Inactive) as exc:
+                done = False
                 log.warning(
                     "%s/%s: %s of batch %d dropped: %s; its entries will be delivered again",
                     self.destination,
@@ -558,6 +578,7 @@ class Connector:
                     exc,
                 )
             self._forget_batches(what, batch_id)
+            return done
 
     def _forget_batches(self, what: str, batch_id: int) -> None:
         """Batches no longer outstanding after ``what`` (ack or rollback) of batch_id."""

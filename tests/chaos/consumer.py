@@ -7,13 +7,13 @@ Run as a process (so a scenario can SIGKILL it)::
 
 For each non-empty batch it appends one JSON line ``{"ev": "batch", "seq", "t", "id",
 "epoch", "url", "ch": [[table, k, op, v], ...]}`` (flushed) *before* acking, then
-``{"ev": "ack", "seq", "t"}`` after the ack returned. ``--ack-on-get`` acks each batch
-on the next get instead, as ``canal-ha consume`` does (its ack line carries the time
-that get was sent). Only row changes of the tables
-``{tag}_*`` are listed (``op`` I/U/D, R for the rows of an incremental snapshot, ``v``
-the after-image version, the before-image one for deletes). ``--stall-after N``: after
-logging the N-th batch, never ack and write ``{"ev": "stalled"}`` (the scenario then
-kills it); SIGUSR1 does the same after the next batch (the nemesis: a consumer killed
+``{"ev": "ack", "seq", "t"}`` after the ack returned, unless the connector dropped it
+(its entries come again). ``--ack-on-get`` acks each batch on the next get instead, as
+``canal-ha consume`` does (its ack line carries the time that get was sent). Only row
+changes of the tables ``{tag}_*`` are listed (``op`` I/U/D, R for the rows of an incremental
+snapshot, ``v`` the after-image version, the before-image one for deletes). ``--stall-after
+N``: after logging the N-th batch, never ack and write ``{"ev": "stalled"}`` (the scenario
+then kills it); SIGUSR1 does the same after the next batch (the nemesis: a consumer killed
 before its ack). SIGTERM stops it cleanly.
 """
 
@@ -119,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
             while True:
                 sent = time.time()
                 batch = connector.get_without_ack(args.batch_size, 1.0, ack=pending)
-                if pending is not None:  # logged at the send: the earliest it can count
-                    _write(out, {"ev": "ack", "seq": seq, "t": sent})
-                    pending = None
+                if pending is not None and connector.last_ack_taken:
+                    _write(out, {"ev": "ack", "seq": seq, "t": sent})  # at the send: earliest
+                pending = None  # a dropped ack is no ack: its entries come again
                 if batch.is_empty:
                     continue
                 seq += 1
@@ -137,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.ack_on_get:
                     pending = batch.id
                     continue
-                connector.ack(batch.id)
-                _write(out, {"ev": "ack", "seq": seq, "t": time.time()})
+                if connector.ack(batch.id):  # a dropped ack is no ack: entries come again
+                    _write(out, {"ev": "ack", "seq": seq, "t": time.time()})
         except _Stop:
             pass
         finally:
