@@ -321,10 +321,7 @@ class Connector:
         a later get once you ask for the next one; with ``prefetch`` the next get is in
         flight (a worker thread) while you process a batch. Use it in a ``with`` block:
         its end rolls back what was not processed (``commit()`` acks the last batch)."""
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise InvalidArgument("size", f"must be an int > 0, got {size!r}")
-        if timeout_s < 0:
-            raise InvalidArgument("timeout_s", f"must be >= 0, got {timeout_s!r}")
+        _check_get(size, timeout_s)
         return BatchStream(self, size, timeout_s, prefetch)
 
     def outstanding(self, batch_id: int) -> bool:
@@ -354,22 +351,16 @@ class Connector:
     ) -> B:
         """``_get`` with ``ack`` on the request; a server that does not know the field
         (older) or an inactive consumer gets a separate ``ack()`` first."""
-        if ack is not None and (
-            not self._acks_on_get or (self._gate is not None and not self._gate.is_active())
-        ):
-            taken = self.ack(ack)
-            batch = self._get(size, timeout_s, auto_ack, decode, empty)
-            self._ack_taken = taken
-            return batch
-        try:
-            return self._get(size, timeout_s, auto_ack, decode, empty, ack)
-        except InvalidArgument as exc:
-            if ack is None or exc.field != "ack":
-                raise
-            log.info("%s/%s: the leader takes no ack on a get (older server): %s",
-                     self.destination, self.client_id, exc)  # fmt: skip
-            self._acks_on_get = False
-        taken = self.ack(ack)
+        if ack is None or (self._acks_on_get and (self._gate is None or self._gate.is_active())):
+            try:
+                return self._get(size, timeout_s, auto_ack, decode, empty, ack)
+            except InvalidArgument as exc:
+                if ack is None or exc.field != "ack":
+                    raise
+                log.info("%s/%s: the leader takes no ack on a get (older server): %s",
+                         self.destination, self.client_id, exc)  # fmt: skip
+                self._acks_on_get = False
+        taken = self.ack(ack)  # a separate ack first
         batch = self._get(size, timeout_s, auto_ack, decode, empty)
         self._ack_taken = taken
         return batch
@@ -485,10 +476,7 @@ class Connector:
         """A batch, made by ``decode`` (default: the ``Batch`` model); ``empty`` when none.
         With ``ack``, that batch is acknowledged by the same request (dropped with a
         warning when an earlier session fetched it, as ``ack`` does)."""
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise InvalidArgument("size", f"must be an int > 0, got {size!r}")
-        if timeout_s < 0:
-            raise InvalidArgument("timeout_s", f"must be >= 0, got {timeout_s!r}")
+        _check_get(size, timeout_s)
         make: Callable[[Reply], Any] = decode or _as_model
         none: Any = Batch.empty() if empty is None else empty
         if self._gate is not None and not self._gate.wait_active(timeout_s):
@@ -952,6 +940,14 @@ class Connector:
             log.log(level, "%s: attempt %d failed: %s", self._what(what), attempt, exc)
 
         return log_retry
+
+
+def _check_get(size: int, timeout_s: float) -> None:
+    """The arguments of a get: ``InvalidArgument`` naming the field."""
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise InvalidArgument("size", f"must be an int > 0, got {size!r}")
+    if timeout_s < 0:
+        raise InvalidArgument("timeout_s", f"must be >= 0, got {timeout_s!r}")
 
 
 def _as_model(reply: Reply) -> Batch:

@@ -52,7 +52,7 @@ class BatchStream(Iterator[Batch]):
             if prefetch
             else None
         )
-        self._pending: tuple[Future[Batch], int | None] | None = None  # (get, its ack)
+        self._pending: Future[Batch] | None = None  # the get in flight (prefetch)
         self._yielded: int | None = None  # the batch yielded last: not known processed
         self._unacked: int | None = None  # processed, its ack not sent yet
         self._closed = False
@@ -74,8 +74,7 @@ class BatchStream(Iterator[Batch]):
             else:
                 if self._pending is None:
                     self._pending = self._submit()
-                future, _ = self._pending
-                self._pending = None
+                future, self._pending = self._pending, None
                 batch = future.result()
                 self._pending = self._submit()
         except BaseException:
@@ -132,10 +131,9 @@ class BatchStream(Iterator[Batch]):
     def _get(self, ack: int | None) -> Batch:
         return self._conn.get_without_ack(self._size, self._timeout_s, ack=ack)
 
-    def _submit(self) -> tuple[Future[Batch], int | None]:
+    def _submit(self) -> Future[Batch]:
         assert self._pool is not None
-        ack = self._take_ack()
-        return self._pool.submit(self._get, ack), ack
+        return self._pool.submit(self._get, self._take_ack())
 
     def _wait_pending(self) -> Batch | None:
         """The prefetched batch, once its get ended; None if none or it failed (then
@@ -144,7 +142,7 @@ class BatchStream(Iterator[Batch]):
         if pending is None:
             return None
         try:
-            return pending[0].result()
+            return pending.result()
         except ClientError as exc:
             log.info("%s: the prefetched get failed on close: %s", self._conn.destination, exc)
             return None
