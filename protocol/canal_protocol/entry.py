@@ -32,7 +32,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from canal_protocol.positions import EntryPosition
 
@@ -82,6 +82,25 @@ class EventType(enum.StrEnum):
     XACOMMIT = "XACOMMIT"
     HEARTBEAT = "HEARTBEAT"
     READ = "READ"  # a row of an incremental snapshot (Debezium's "r"): ``after`` image only
+
+
+# Members by value and values by member: a dict lookup where ``EventType(text)`` and
+# ``member.value`` go through the enum machinery (a few µs per entry on the wire paths).
+_ENTRY_TYPES = {m.value: m for m in EntryType}
+_EVENT_TYPES = {m.value: m for m in EventType}
+_ENTRY_VALUES = {m: m.value for m in EntryType}
+_EVENT_VALUES = {m: m.value for m in EventType}
+
+
+_E = TypeVar("_E", bound=enum.Enum)
+
+
+def _member(members: dict[Any, _E], kind: type[_E], value: Any) -> _E:
+    """``kind(value)`` by a dict lookup; the enum's own error for anything else."""
+    try:
+        return members[value]
+    except (KeyError, TypeError):
+        return kind(value)
 
 
 @dataclass(frozen=True)
@@ -286,6 +305,8 @@ def _images(raw: Any) -> tuple[Image, ...]:
 def images_from_wire(d: dict[str, Any], binary_as_base64: bool = False) -> RowImages | None:
     """The rows of a wire entry in either layout (compact ``columns`` or ``rows``)."""
     if "columns" not in d:
+        if not d.get("rows"):
+            return None  # a transaction's BEGIN or END, a DDL
         rows = [RowChange.from_wire(r, binary_as_base64) for r in d.get("rows") or ()]
         return RowImages.from_changes(rows)
     images = RowImages(
@@ -341,7 +362,7 @@ class Header:
             "gtid": self.gtid,
             "schema": self.schema,
             "table": self.table,
-            "event_type": self.event_type.value,
+            "event_type": _EVENT_VALUES[self.event_type],
         }
         if self.snapshot:
             out["snapshot"] = self.snapshot
@@ -351,19 +372,21 @@ class Header:
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Header:
-        offset = int(d.get("offset", 0))
+        get = d.get
+        offset = int(get("offset", 0))
+        event_type = get("event_type") or "QUERY"
         return cls(
-            str(d.get("logfile", "")),
+            str(get("logfile", "")),
             offset,
-            int(d.get("end_offset", offset)),
-            int(d.get("server_id", 0)),
-            int(d.get("timestamp_ms", 0)),
-            str(d.get("gtid", "")),
-            str(d.get("schema", "")),
-            str(d.get("table", "")),
-            EventType(d.get("event_type") or "QUERY"),
-            int(d.get("snapshot", 0)),
-            int(d.get("part", 0)),
+            int(get("end_offset", offset)),
+            int(get("server_id", 0)),
+            int(get("timestamp_ms", 0)),
+            str(get("gtid", "")),
+            str(get("schema", "")),
+            str(get("table", "")),
+            _member(_EVENT_TYPES, EventType, event_type),
+            int(get("snapshot", 0)),
+            int(get("part", 0)),
         )
 
 
@@ -417,7 +440,7 @@ class Entry:
     def to_wire(self, binary_as_base64: bool = False) -> dict[str, Any]:
         """The default layout: ``rows`` of per-column objects."""
         return {
-            "type": self.type.value,
+            "type": _ENTRY_VALUES[self.type],
             "header": self.header.to_wire(),
             "is_ddl": self.is_ddl,
             "sql": self.sql,
@@ -430,7 +453,7 @@ class Entry:
     def compact_head(self) -> dict[str, Any]:
         """The compact layout without the rows (``type``, ``header``, ``is_ddl``, ``sql``)."""
         return {
-            "type": self.type.value,
+            "type": _ENTRY_VALUES[self.type],
             "header": self.header.to_wire(),
             "is_ddl": self.is_ddl,
             "sql": self.sql,
@@ -446,8 +469,9 @@ class Entry:
     @classmethod
     def from_wire(cls, d: dict[str, Any], binary_as_base64: bool = False) -> Entry:
         """Either layout (``rows``, or ``compact``)."""
+        kind = d["type"]
         return cls(
-            EntryType(d["type"]),
+            _member(_ENTRY_TYPES, EntryType, kind),
             Header.from_wire(d.get("header") or {}),
             bool(d.get("is_ddl", False)),
             str(d.get("sql") or ""),
