@@ -124,6 +124,7 @@ _TABLE_MAP_EVENT = 0x13
 _XID_EVENT = 0x10
 _MARIADB_GTID_EVENT = 0xA2
 _BODY: Mapping[type, int] = {XidEvent: 8, MariadbGtidEvent: 13}  # bytes read of the body
+_ROWS_MIN_BODY = 9  # a rows event's table id, flags and column count, at the least
 # rows events (v1: MariaDB's, v2: with extra data) → class, post-header length
 _ROWS: Mapping[int, tuple[type, int]] = {
     0x17: (WriteRowsEvent, 8), 0x18: (UpdateRowsEvent, 8), 0x19: (DeleteRowsEvent, 8),
@@ -509,7 +510,11 @@ class _MariadbStreamReader(BinLogStreamReader):  # type: ignore[misc]
         header: _Header = struct.unpack_from("<IBIIIH", data, 1)
         checksum = self._BinLogStreamReader__use_checksum
         body = header[3] - _HEADER_LEN - (4 if checksum else 0)
-        if header[3] != len(data) - 1 or not isinstance(checksum, bool) or body < _BODY.get(cls, 9):
+        if (
+            header[3] != len(data) - 1
+            or not isinstance(checksum, bool)
+            or body < _BODY.get(cls, _ROWS_MIN_BODY)
+        ):
             return None  # not one whole event, or the layout is unknown: the library's
         if cls not in _BODY:
             try:
