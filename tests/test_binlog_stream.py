@@ -10,19 +10,24 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pymysql.protocol import MysqlPacket
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import MariadbGtidEvent, XidEvent
+from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import (
     DeleteRowsEvent,
     RowsEvent,
     UpdateRowsEvent,
     WriteRowsEvent,
 )
+from pymysqlreplication.table import Table
 
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
+from canal_protocol.entry import Entry
 from canal_protocol.errors import BinlogConfigError, BinlogConnectionLost
-from canal_server.parse import binlog_stream
+from canal_protocol.positions import EntryPosition
+from canal_server.parse import binlog_stream, rowcodec
 from canal_server.parse.binlog_stream import (
     check_binlog_config,
     check_server_config,
@@ -31,6 +36,8 @@ from canal_server.parse.binlog_stream import (
     next_event,
     open_stream,
 )
+from canal_server.parse.reader import EVENTS
+from canal_server.parse.transaction import TransactionAssembler
 
 GOOD = {
     "log_bin": "ON",
@@ -393,5 +400,184 @@ def test_gtid_and_xid_events_made_without_the_library_equal_its_own(db: Sandbox)
     pairs = [(a, b) for a, b in zip(got, want, strict=True) if not isinstance(a, RowsEvent)]
     assert [_gtid_xid_fields(a) for a, _ in pairs] == [_gtid_xid_fields(b) for _, b in pairs]
     assert {ev.flags & 1 for ev in got if isinstance(ev, MariadbGtidEvent)} == {0, 1}
+    # rows events after a table map seen before are made here too: the same answers
+    assert ours.light_rows >= 3 and ours.light_events >= 6 + ours.light_rows
+    pairs = [(a, b) for a, b in zip(got, want, strict=True) if isinstance(a, RowsEvent)]
+    assert [_rows_fields(a) for a, _ in pairs] == [_rows_fields(b) for _, b in pairs]
     rows = [ev.rows for ev in got if isinstance(ev, RowsEvent)]
     assert rows == [ev.rows for ev in want if isinstance(ev, RowsEvent)] and len(rows) == 4
+
+
+def _rows_fields(ev: Any) -> tuple[Any, ...]:
+    """What is asked of a rows event before its rows are read."""
+    names = (
+        "table_id", "schema", "table", "primary_key", "flags", "number_of_columns",
+        "columns_present_bitmap", "event_type", "event_size", "timestamp", "complete",
+    )  # fmt: skip
+    second = getattr(ev, "columns_present_bitmap2", None)
+    columns = [vars(c) for c in ev.columns]
+    packet = ev.packet
+    wrapper = (packet.read_bytes, packet.packet._position, packet.log_pos, packet.server_id)
+    return (*(getattr(ev, n) for n in names), second, columns, wrapper, event_span(ev))
+
+
+def _light_rows_workload(box: Sandbox, name: str) -> None:
+    """Inserts, updates and deletes on a table of fast-path types, on one the generic
+    path decodes (MariaDB's old TIME/DATETIME formats), an image without every column
+    (MINIMAL) and a table map change (ALTER TABLE)."""
+    fast = f"{name}.fast"
+    box.primary.execute(
+        f"CREATE DATABASE {name}",
+        f"CREATE TABLE {fast} (id INT PRIMARY KEY, v VARCHAR(20), d DECIMAL(10,2), "
+        "t DATETIME(3), e ENUM('a','b'), s SET('x','y'), b BLOB, bits BIT(5), "
+        "u BIGINT UNSIGNED NULL, f DOUBLE, y YEAR)",
+        f"CREATE TABLE {name}.latin (id INT PRIMARY KEY, l VARCHAR(10) CHARACTER SET latin1)",
+    )  # fmt: skip
+    old = box.primary.scalar("SELECT @@GLOBAL.mysql56_temporal_format")
+    try:
+        box.primary.execute("SET GLOBAL mysql56_temporal_format = OFF")
+        box.primary.execute(f"CREATE TABLE {name}.slow (id INT PRIMARY KEY, t TIME, dt DATETIME)")
+    finally:
+        box.primary.execute(f"SET GLOBAL mysql56_temporal_format = {int(old)}")
+    for i in range(4):
+        box.primary.execute(
+            f"INSERT INTO {fast} VALUES ({i}, 'v{i}', {i}.25, '2024-01-0{i + 1} 10:00:00.123', "
+            f"'a', 'x,y', x'00ff{i:02x}', b'101', NULL, 1.5, 2024)",
+            f"INSERT INTO {name}.latin VALUES ({i}, 'caf\u00e9{i}')",
+            f"INSERT INTO {name}.slow VALUES ({i}, '12:34:5{i}', '2020-02-02 01:02:0{i}')",
+        )  # fmt: skip
+    box.primary.execute(
+        f"INSERT INTO {fast} (id, v) VALUES (10, 'a'), (11, 'b'), (12, NULL)",
+        f"UPDATE {fast} SET v = 'w', u = 18446744073709551615 WHERE id < 3",
+        f"UPDATE {name}.slow SET t = '23:59:59' WHERE id = 1",
+        f"DELETE FROM {fast} WHERE id IN (1, 11)",
+        f"DELETE FROM {name}.slow WHERE id = 2",
+    )
+    box.primary.execute(
+        "SET SESSION binlog_row_image = MINIMAL", f"UPDATE {fast} SET v = 'm' WHERE id = 0"
+    )
+    box.primary.execute(
+        f"ALTER TABLE {fast} ADD COLUMN z INT DEFAULT 7",
+        f"INSERT INTO {fast} (id, v) VALUES (20, 'after')",
+        f"INSERT INTO {fast} (id, v) VALUES (21, 'alter')",
+        f"UPDATE {fast} SET z = 8 WHERE id = 20",
+        f"DELETE FROM {fast} WHERE id = 21",
+    )
+
+
+def _assemble(box: Sandbox, start: EntryPosition, server_id: int) -> tuple[list[Entry], Any]:
+    """Every entry of the binlog from ``start`` as the reader's assembler makes them, and
+    the stream (its counts, and the row decoder's as ``decoder``)."""
+    entries: list[Entry] = []
+    asm = TransactionAssembler(entries.extend, start, "", 1000)
+    stream = open_stream(
+        box.primary.dsn(), server_id, journal=start.journal, offset=start.offset,
+        blocking=False, only_events=EVENTS,
+    )  # fmt: skip
+    for ev in _drain(stream):
+        asm.on_event(ev)
+    stream.decoder = asm._decoder
+    return entries, stream
+
+
+def test_rows_events_made_without_the_library_give_the_same_entries(
+    db: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal, offset = db.primary.master_status()
+    _light_rows_workload(db, "t_stream_light_rows")
+    start = EntryPosition(journal=journal, offset=offset)
+    light, ours = _assemble(db, start, 5111)
+    monkeypatch.setattr(binlog_stream._MariadbStreamReader, "LIGHT_ROWS", False)
+    library, theirs = _assemble(db, start, 5112)
+    # every rows event after a table map seen before (all but each table id's first)
+    assert ours.light_rows >= 15 and theirs.light_rows == 0
+    # the light events went every way: packed by C, decoded to tuples (latin1), generic
+    made = ours.decoder
+    assert made.packed_events >= 8 and made.fast_events >= made.packed_events + 3
+    assert made.generic_events >= 5  # the old temporal formats, the MINIMAL image
+    assert len(light) == len(library) and len(light) > 50
+    for a, b in zip(light, library, strict=True):
+        assert a == b
+        assert (a.header.offset, a.header.end_offset) == (b.header.offset, b.header.end_offset)
+        assert a.position() == b.position()
+
+
+def _offline_stream(table_map: dict[int, Any], post_header_lengths: Any = None) -> Any:
+    """A MariaDB stream as ``_made_here`` sees it after its connect (no server)."""
+    stream: Any = object.__new__(binlog_stream._MariadbStreamReader)
+    ctl = SimpleNamespace(charset="utf8mb4", _get_dbms=lambda: "mariadb")
+    light = {code: cls for code, (cls, _) in binlog_stream._ROWS.items()}
+    stream.__dict__.update({
+        "_BinLogStreamReader__use_checksum": True, "skip_to_timestamp": None, "log_pos": 0,
+        "light_rows": 0, "_ctl_connection": ctl, "mysql_version": (10, 11),
+        "_BinLogStreamReader__post_header_lengths": post_header_lengths,
+        "_BinLogStreamReader__enable_logging": False,
+        "_BinLogStreamReader__use_column_name_cache": False,
+        "_BinLogStreamReader__ignore_decode_errors": False, "_light": light,
+        "table_map": table_map,
+    })  # fmt: skip
+    return stream
+
+
+def _library_event(stream: Any, data: bytes) -> Any:
+    wrapper = BinLogPacketWrapper(
+        MysqlPacket(data, "utf8"), stream.table_map, stream._ctl_connection,
+        stream.mysql_version, True, {cls for cls, _ in binlog_stream._ROWS.values()}, None, None,
+        None, None, False, False, False, False, False, False,
+        stream._BinLogStreamReader__post_header_lengths,
+    )  # fmt: skip
+    return wrapper.event
+
+
+def _rows_packet(
+    event_type: int, post: bytes, columns: int, bitmaps: bytes, table_id: int = 7
+) -> bytes:
+    body = table_id.to_bytes(6, "little") + post + bytes([columns]) + bitmaps + b"\x00\x2a\x00"
+    header = struct.pack("<IBIIIH", 1700000000, event_type, 3, 19 + len(body) + 4, 4321, 0)
+    return b"\x00" + header + body + b"CRC!"
+
+
+_EXTRA = ("extra_data_length", "extra_data_type", "partition_id", "source_partition_id",
+          "nbd_info_length", "nbd_info_format", "nbd_info", "extra_data")  # fmt: skip
+
+
+def test_v1_and_v2_rows_events_made_from_packets_equal_the_librarys() -> None:
+    columns = [SimpleNamespace(name="id"), SimpleNamespace(name="v")]
+    table_map = {7: Table(7, "db", "t", columns, primary_key="id")}
+    stream = _offline_stream(table_map)
+    cases = [
+        (0x17, b"\x01\x00"),  # v1 write
+        (0x19, b"\x01\x00"),  # v1 delete
+        (0x1E, b"\x01\x00\x02\x00"),  # v2 write without extra data
+        (0x1E, b"\x01\x00\x05\x00\x01\x09\x00"),  # partition id
+        (0x1F, b"\x01\x00\x07\x00\x01\x09\x00\x08\x00"),  # update: partition ids
+        (0x20, b"\x01\x00\x07\x00\x00\x04\x05ab"),  # ndb information
+        (0x20, b"\x01\x00\x06\x00\x05xyz"),  # another kind
+    ]
+    for event_type, post in cases:
+        bitmaps = b"\x03\x03" if event_type in (0x18, 0x1F) else b"\x03"
+        data = _rows_packet(event_type, post, 2, bitmaps)
+        ours = stream._made_here(MysqlPacket(data, "utf8"))
+        theirs = _library_event(stream, data)
+        assert type(ours) is type(theirs), event_type
+        assert _rows_fields(ours) == _rows_fields(theirs), event_type
+        extra = [getattr(ours, n, None) for n in _EXTRA]
+        assert extra == [getattr(theirs, n, None) for n in _EXTRA], event_type
+        assert rowcodec.rows_body(ours) == rowcodec.rows_body(theirs) is not None
+    assert stream.light_rows == len(cases)
+    # left to the library: an image without every column, another column count, an
+    # unknown table id, extra data longer than the event, a truncated packet, and (below)
+    # a longer post-header declared
+    left = [
+        _rows_packet(0x17, b"\x01\x00", 2, b"\x01"),
+        _rows_packet(0x1F, b"\x01\x00\x02\x00", 2, b"\x03\x02"),
+        _rows_packet(0x17, b"\x01\x00", 3, b"\x07"),
+        _rows_packet(0x17, b"\x01\x00", 2, b"\x03", table_id=8),
+        _rows_packet(0x20, b"\x01\x00\x07\x00\x00\x09\x05ab", 2, b"\x03"),
+        _rows_packet(0x20, b"\x01\x00\x07\x00\x00\x04\x05ab", 2, b"\x03")[:-8],
+    ]
+    for data in left:
+        assert stream._made_here(MysqlPacket(data, "utf8")) is None, data.hex()
+    longer = _offline_stream(table_map, post_header_lengths=[0] * 22 + [10, 10, 10])
+    assert longer._made_here(MysqlPacket(_rows_packet(0x17, b"\x01\x00", 2, b"\x03"), "")) is None
+    assert stream.light_rows == len(cases) and longer.light_rows == 0

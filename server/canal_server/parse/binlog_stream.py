@@ -26,12 +26,21 @@ Fixes of the library's behaviour, applied to the streams opened here only:
   the library sees it, a table map whose bytes its id was parsed from; any
   other table map (a new table id after ALTER TABLE, changed metadata) drops its id's
   entry first, so it is parsed afresh (``_TableMaps``).
-- **GTID and XID events made here.** Two of a one-row transaction's three events; the
+- **GTID, XID and rows events made here.** A one-row transaction's three events; the
   library's packet wrapper and event objects for them cost more than all else done
-  with them. ``_MariadbStreamReader.fetchone`` reads the packet and, for these two
-  types (when wanted), makes the library's own classes with the attributes their
+  with them. ``_MariadbStreamReader.fetchone`` reads the packet and, for these types
+  (when wanted), makes the library's own classes with the attributes their
   ``__init__`` sets (``gtid``, ``domain_id``, ``server_id``, ``gtid_seq_no``,
-  ``flags``; ``xid``); any other packet goes to the library as before.
+  ``flags``; ``xid``). A rows event (WRITE/UPDATE/DELETE, v1 and v2) is made so when
+  its table id is in ``table_map``, its post-header of the usual length, every column
+  in its images (FULL) and no table/schema filter or checksum check is set: the
+  library's attributes (``table_id``, ``schema``, ``table``, ``primary_key`` (the
+  ``Table``'s, not the dict ``Table.data`` builds per event), ``flags``, the v2 extra
+  data, ``number_of_columns``, ``columns``, the present-columns bitmaps) and a real
+  ``BinLogPacketWrapper`` (made without its constructor) over the packet, positioned
+  at the rows: ``rowcodec.rows_body`` reads them in place, and ``ev.rows`` (the
+  generic path) reads them as the library's own event would. Any other packet goes
+  to the library as before (``LIGHT_ROWS = False``: every rows event does).
 
 MySQL (the flavour is chosen at connect from ``SELECT VERSION()``: MariaDB's says
 "-MariaDB"): ``_MysqlStreamReader`` uses the library's connection and dump commands
@@ -66,7 +75,8 @@ from typing import Any, NamedTuple
 import pymysql
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import MariadbGtidEvent, RotateEvent, XidEvent
-from pymysqlreplication.row_event import RowsEvent
+from pymysqlreplication.packet import BinLogPacketWrapper
+from pymysqlreplication.row_event import DeleteRowsEvent, RowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from canal_protocol.errors import (
     BinlogConfigError,
@@ -114,6 +124,12 @@ _TABLE_MAP_EVENT = 0x13
 _XID_EVENT = 0x10
 _MARIADB_GTID_EVENT = 0xA2
 _BODY: Mapping[type, int] = {XidEvent: 8, MariadbGtidEvent: 13}  # bytes read of the body
+_ROWS_MIN_BODY = 9  # a rows event's table id, flags and column count, at the least
+# rows events (v1: MariaDB's, v2: with extra data) → class, post-header length
+_ROWS: Mapping[int, tuple[type, int]] = {
+    0x17: (WriteRowsEvent, 8), 0x18: (UpdateRowsEvent, 8), 0x19: (DeleteRowsEvent, 8),
+    0x1E: (WriteRowsEvent, 10), 0x1F: (UpdateRowsEvent, 10), 0x20: (DeleteRowsEvent, 10),
+}  # fmt: skip
 
 
 # -- connections -----------------------------------------------------------------
@@ -357,12 +373,12 @@ class _Packet:
         self.read_bytes = read
 
 
-def _light_event(stream: Any, cls: type, header: _Header, body: int, read: int) -> Any:
+def _light_event(stream: Any, cls: type, header: _Header, body: int, packet: Any) -> Any:
     """An instance of the library's ``cls`` with the attributes its ``BinLogEvent``
-    constructor sets, made without it (and without the packet wrapper); ``body``: the
-    payload's size, ``read``: the bytes of it the caller reads (the library's count)."""
+    constructor sets, made without it; ``body``: the payload's size, ``packet``: a
+    ``_Packet`` or a packet wrapper made here."""
     ev: Any = object.__new__(cls)
-    ev.packet = _Packet(header, read)
+    ev.packet = packet
     ev.event_type, ev.timestamp, ev.event_size = header[1], header[0], body
     ev.table_map, ev.complete, ev._processed, ev.dbms = stream.table_map, True, True, "mariadb"
     ev._ctl_connection, ev.mysql_version = stream._ctl_connection, stream.mysql_version
@@ -371,21 +387,83 @@ def _light_event(stream: Any, cls: type, header: _Header, body: int, read: int) 
     return ev
 
 
+def _wrapper(stream: Any, packet: Any, header: _Header, read: int) -> Any:
+    """The library's packet wrapper of a rows event's ``packet`` (positioned after the
+    bytes read: ``read`` of the body, the library's count), without its constructor,
+    which would parse the event: ``ev.rows`` (the generic path) reads on from it."""
+    wrapper: Any = object.__new__(BinLogPacketWrapper)
+    wrapper.read_bytes, wrapper._BinLogPacketWrapper__data_buffer = read, b""
+    wrapper.packet, wrapper.charset = packet, stream._ctl_connection.charset
+    wrapper.enable_logging = stream._BinLogStreamReader__enable_logging
+    wrapper.use_column_name_cache = stream._BinLogStreamReader__use_column_name_cache
+    wrapper.timestamp, wrapper.event_type, wrapper.server_id = header[0], header[1], header[2]
+    wrapper.event_size, wrapper.log_pos, wrapper.flags = header[3], header[4], header[5]
+    return wrapper
+
+
+def _extra_data(ev: Any, data: bytes, pos: int, length: int) -> int:
+    """A v2 rows event's extra data read into ``ev`` as the library reads it (``pos``:
+    after its length); the position after it, or -1 when the library's reading fails."""
+    if length <= 2:
+        return pos
+    ev.extra_data_type = kind = data[pos]
+    pos += 1
+    if kind == 0:
+        size = ev.nbd_info_length = data[pos]
+        ev.nbd_info_format = data[pos + 1]
+        if size < 2:
+            return -1
+        ev.nbd_info = data[pos + 2 : pos + size]
+        return pos + size
+    if kind == 1:
+        if ev.event_type == 0x1F:
+            ev.partition_id, ev.source_partition_id = struct.unpack_from("<HH", data, pos)
+            return pos + 4
+        (ev.partition_id,) = struct.unpack_from("<H", data, pos)
+        return pos + 2
+    if length < 3:
+        return -1
+    ev.extra_data = data[pos : pos + length - 3]
+    return pos + length - 3
+
+
+def _column_count(data: bytes, pos: int) -> tuple[int, int]:
+    """The length-coded column count at ``pos`` and the position after it ((-1, -1):
+    a form the light path leaves to the library)."""
+    first = data[pos]
+    if first < 251:
+        return first, pos + 1
+    if first == 252:
+        return int.from_bytes(data[pos + 1 : pos + 3], "little"), pos + 3
+    return -1, -1
+
+
 class _MariadbStreamReader(BinLogStreamReader):  # type: ignore[misc]
     """BinLogStreamReader with the MariaDB GTID dump length corrected, table maps
-    parsed once per distinct body, and GTID and XID events made here (see module doc)."""
+    parsed once per distinct body, and GTID, XID and rows events made here (see module
+    doc)."""
+
+    LIGHT_ROWS = True  # rows events made here too (off: the library makes them all)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(freeze_schema=True, **kwargs)
         self.table_maps = _TableMaps(self)
         self._held: Any = None  # a packet read by ``fetchone`` for the library to wrap
         allowed = self._BinLogStreamReader__allowed_events_in_packet
-        self._light = {
-            code: cls
-            for code, cls in ((_XID_EVENT, XidEvent), (_MARIADB_GTID_EVENT, MariadbGtidEvent))
-            if cls in allowed
-        }
-        self.light_events = 0
+        light = [(_XID_EVENT, XidEvent), (_MARIADB_GTID_EVENT, MariadbGtidEvent)]
+        if self.LIGHT_ROWS and not self._rows_filtered():
+            light += [(code, cls) for code, (cls, _) in _ROWS.items()]
+        self._light = {code: cls for code, cls in light if cls in allowed}
+        self.light_events = 0  # of them rows events: light_rows
+        self.light_rows = 0
+
+    def _rows_filtered(self) -> bool:
+        """Options under which the library's rows events do more than read the packet
+        (table or schema filters, checksum checks): rows events are then all its own."""
+        names = ("only_tables", "ignored_tables", "only_schemas", "ignored_schemas")
+        if any(getattr(self, f"_BinLogStreamReader__{n}") is not None for n in names):
+            return True
+        return bool(self._BinLogStreamReader__verify_checksum)
 
     def _BinLogStreamReader__set_mariadb_settings(self) -> bytes:
         prelude: bytes = super()._BinLogStreamReader__set_mariadb_settings()
@@ -414,15 +492,16 @@ class _MariadbStreamReader(BinLogStreamReader):  # type: ignore[misc]
         ready = self._BinLogStreamReader__connected_stream and self._light
         if ready and self._BinLogStreamReader__connected_ctl and not self.end_log_pos:
             packet = self._stream_connection._read_packet()
-            ev = self._made_here(packet.get_all_data())
+            ev = self._made_here(packet)
             if ev is not None:
                 self.light_events += 1
                 return ev
             self._held = packet  # the library reads it next
         return super().fetchone()
 
-    def _made_here(self, data: bytes) -> Any:
-        """A GTID or XID event of an OK packet (None: the library's to make)."""
+    def _made_here(self, packet: Any) -> Any:
+        """A GTID, XID or rows event of an OK packet (None: the library's to make)."""
+        data = packet.get_all_data()
         if len(data) < 1 + _HEADER_LEN + 8 or data[0] != 0:
             return None
         cls = self._light.get(data[5])
@@ -431,9 +510,23 @@ class _MariadbStreamReader(BinLogStreamReader):  # type: ignore[misc]
         header: _Header = struct.unpack_from("<IBIIIH", data, 1)
         checksum = self._BinLogStreamReader__use_checksum
         body = header[3] - _HEADER_LEN - (4 if checksum else 0)
-        if header[3] != len(data) - 1 or not isinstance(checksum, bool) or body < _BODY[cls]:
+        if (
+            header[3] != len(data) - 1
+            or not isinstance(checksum, bool)
+            or body < _BODY.get(cls, _ROWS_MIN_BODY)
+        ):
             return None  # not one whole event, or the layout is unknown: the library's
-        ev = _light_event(self, cls, header, body, _BODY[cls])
+        if cls not in _BODY:
+            try:
+                ev = self._made_rows(packet, header, cls, body)
+            except (IndexError, struct.error):
+                return None  # truncated: the library's (which raises what it raises)
+            if ev is not None:
+                self.light_rows += 1
+                if header[4]:
+                    self.log_pos = header[4]
+            return ev
+        ev = _light_event(self, cls, header, body, _Packet(header, _BODY[cls]))
         if header[4]:
             self.log_pos = header[4]
         if cls is XidEvent:
@@ -443,6 +536,57 @@ class _MariadbStreamReader(BinLogStreamReader):  # type: ignore[misc]
         ev.server_id, ev.gtid_seq_no, ev.domain_id, ev.flags = header[2], seq, domain, flags
         ev.gtid = f"{domain}-{header[2]}-{seq}"
         return ev
+
+    def _made_rows(self, packet: Any, header: _Header, cls: type, body: int) -> Any:
+        """A rows event as the library's constructor makes it, when its table id is in
+        ``table_map``, the post-header of the usual length and every column in every
+        image (FULL); the packet positioned at the rows (None: the library's to make)."""
+        data, start = packet.get_all_data(), 1 + _HEADER_LEN
+        table_id = int.from_bytes(data[start : start + 6], "little")
+        table, post = self.table_map.get(table_id), _ROWS[header[1]][1]
+        if table is None or self._post_header_len(header[1], post) != post:
+            return None
+        ev = _light_event(self, cls, header, body, None)
+        ev.table_id, ev.primary_key = table_id, table.primary_key
+        ev.schema, ev.table, ev.columns = table.schema, table.table, table.columns
+        if post == 8:
+            (ev.flags,), pos = struct.unpack_from("<H", data, start + 6), start + 8
+        else:
+            ev.flags, ev.extra_data_length = struct.unpack_from("<HH", data, start + 6)
+            pos = _extra_data(ev, data, start + 10, ev.extra_data_length)
+        n, pos = _column_count(data, pos) if pos >= 0 else (-1, -1)
+        if n < 0 or n != len(ev.columns):
+            return None
+        width, full = (n + 7) // 8, (1 << n) - 1
+        bitmaps = 2 if cls is UpdateRowsEvent else 1
+        if pos + bitmaps * width > start + body:
+            return None
+        for i in range(bitmaps):
+            bitmap = data[pos : pos + width]
+            if int.from_bytes(bitmap, "little") & full != full:
+                return None  # an image without every column: the library's
+            setattr(ev, "columns_present_bitmap2" if i else "columns_present_bitmap", bitmap)
+            pos += width
+        ev.number_of_columns = n
+        ev._RowsEvent__rows = ev._RowsEvent__only_tables = ev._RowsEvent__ignored_tables = None
+        ev._RowsEvent__only_schemas = ev._RowsEvent__ignored_schemas = None
+        ev._RowsEvent__use_column_name_cache = self._BinLogStreamReader__use_column_name_cache
+        ev._RowsEvent__enable_logging = self._BinLogStreamReader__enable_logging
+        ev._RowsEvent__none_sources = {}
+        ev._post_header_lengths = self._BinLogStreamReader__post_header_lengths
+        ev._ignore_decode_errors = self._BinLogStreamReader__ignore_decode_errors
+        packet._position = pos
+        ev.packet = _wrapper(self, packet, header, pos - start)
+        ev.packet.event = ev
+        return ev
+
+    def _post_header_len(self, event_type: int, default: int) -> int:
+        """The post-header length the format description declares (the library's rule)."""
+        lengths = self._BinLogStreamReader__post_header_lengths
+        index = event_type - 1
+        if not lengths or index < 0 or index >= len(lengths):
+            return default
+        return int(lengths[index])
 
 
 def _fix_dump_length(prelude: bytes) -> bytes:
