@@ -418,7 +418,12 @@ class Entry:
 
     def position(self) -> EntryPosition:
         """Where reading resumes after this entry; inside a compressed transaction
-        (``header.part``) the payload's start and the part, except for its END."""
+        (``header.part``) the payload's start and the part, except for its END. Made
+        once (the store and the sink both ask it of the entries they take)."""
+        return self._position
+
+    @cached_property
+    def _position(self) -> EntryPosition:
         h = self.header
         inside = h.part > 0 and self.type is not EntryType.TRANSACTIONEND
         return EntryPosition(

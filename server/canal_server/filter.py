@@ -156,9 +156,11 @@ class EventFilter:
         ROWDATA survived, drops the whole transaction unless the empty-transaction
         gate lets it through.
         """
-        kept = [e for e in entries if self.accepts(e)]
-        if any(e.type is EntryType.ROWDATA for e in kept):
-            return kept
+        accepts = self.accepts
+        kept = list(entries) if self.passes_everything else [e for e in entries if accepts(e)]
+        for e in kept:
+            if e.type is EntryType.ROWDATA:
+                return kept
         types = {e.type for e in entries}
         if EntryType.TRANSACTIONBEGIN in types and EntryType.TRANSACTIONEND in types:
             return kept if self._gate.let_through() else []
