@@ -33,7 +33,7 @@ __all__ = ["OPTIONS", "spark_parquet"]
 JOB = REPO / "benchmarks" / "spark_job.py"
 SPARK_TIMEOUT_S = 1800.0
 # the source's defaults (batchSize 1000, maxBatchesPerTrigger 100, maxRowsPerTrigger
-# 500000, rowsPerPartition 50000): what a user gets. A steady state of several
+# 500000, rowsPerPartition 250000): what a user gets. A steady state of several
 # micro-batches of that size wants `--rows 2000000` (the README's figures).
 OPTIONS: tuple[str, ...] = ()
 # the nodes' store holds two micro-batches of those defaults (~120 bytes a row in the

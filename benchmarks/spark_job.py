@@ -45,7 +45,7 @@ from pyspark.sql.types import StructType
 from canal_client.spark import local_session
 from canal_client.spark_schema import generic_struct
 
-DEFAULT_ROWS_PER_PARTITION = 50_000  # the source's default
+DEFAULT_ROWS_PER_PARTITION = 250_000  # the source's default
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
