@@ -13,6 +13,10 @@ is from the query's start to the end of its first micro-batch (the SparkSession 
 already up: ``session_start_s``). The parquet output is counted with pyarrow.
 ``CANAL_BENCH_SPARK_B=key=value,...`` (e.g. ``prefetch=false``) adds an A/B: the same
 map-mode run with those options, right after the first, on a node of its own (``b``).
+``cpu_us_per_row``: microseconds of CPU per row of each process class (``proc_cpu``:
+node, JVM, source runner, executors, driver) over each run's timed window (a stream's
+steady state, an anchor's write); ``CANAL_BENCH_SPARK_PIDS=1`` adds every process of the
+canal run and of the Python anchor (``canal_pids``, ``python_arrow_pids``).
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ def test_options_defaults_and_lists() -> None:
     assert opts.batch_size == 50 and opts.filter == "" and opts.token is None
     assert opts.poll_timeout_s == 1.0 and not opts.exclusive
     assert (opts.max_batches_per_trigger, opts.max_rows_per_trigger) == (100, 500_000)
-    assert (opts.rows_per_partition, opts.rows_per_arrow_batch) == (250_000, 50_000)
+    assert (opts.rows_per_partition, opts.rows_per_arrow_batch) == (250_000, 250_000)
     assert CanalOptions.parse({**BASE, "rowsPerArrowBatch": "7"}).rows_per_arrow_batch == 7
     assert CanalOptions.parse({**BASE, "maxRowsPerTrigger": "1000"}).max_rows_per_trigger == 1000
     srv = CanalOptions.parse(

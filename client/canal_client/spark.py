@@ -16,7 +16,7 @@ the leader when the query starts; a table map of another shape stops the query w
 ``clientId``, ``batchSize`` (entries per server batch, 1000), ``filter`` (table regex),
 ``token``, ``etcdPrefix`` (``/canal``), ``pollTimeoutMs`` (1000),
 ``maxBatchesPerTrigger`` (100), ``maxRowsPerTrigger`` (500000), ``replayTimeoutS`` (120),
-``rowsPerPartition`` (250000), ``rowsPerArrowBatch`` (50000),
+``rowsPerPartition`` (250000), ``rowsPerArrowBatch`` (250000),
 ``exclusive`` (false: one active consumer per client id), ``availableNowStallS`` (120),
 ``startingOffsets`` (``earliest``; see README), ``table`` (typed mode), ``prefetch`` (true),
 ``connectorFactory`` (tests: ``module:function`` building the connector); a secured etcd
@@ -250,7 +250,7 @@ class CanalOptions:
     max_rows_per_trigger: int = 500_000
     replay_timeout_s: float = 120.0
     rows_per_partition: int = 250_000
-    rows_per_arrow_batch: int = 50_000
+    rows_per_arrow_batch: int = 250_000
     exclusive: bool = False
     connector_factory: str = ""
     available_now_stall_s: float = 120.0
@@ -300,7 +300,7 @@ class CanalOptions:
             max_rows_per_trigger=_int(opts, "maxRowsPerTrigger", 500_000, 1, 1_000_000_000),
             replay_timeout_s=float(_int(opts, "replayTimeoutS", 120, 1, 86_400)),
             rows_per_partition=_int(opts, "rowsPerPartition", 250_000, 1, 10_000_000),
-            rows_per_arrow_batch=_int(opts, "rowsPerArrowBatch", 50_000, 1, 10_000_000),
+            rows_per_arrow_batch=_int(opts, "rowsPerArrowBatch", 250_000, 1, 10_000_000),
             exclusive=exclusive,
             connector_factory=factory,
             available_now_stall_s=float(_int(opts, "availableNowStallS", 120, 1, 86_400)),
