@@ -13,6 +13,10 @@ is from the query's start to the end of its first micro-batch (the SparkSession 
 already up: ``session_start_s``). The parquet output is counted with pyarrow.
 ``CANAL_BENCH_SPARK_B=key=value,...`` (e.g. ``prefetch=false``) adds an A/B: the same
 map-mode run with those options, right after the first, on a node of its own (``b``).
+``cpu_us_per_row``: microseconds of CPU per row of each process class (``proc_cpu``:
+node, JVM, source runner, executors, driver) over each run's timed window (a stream's
+steady state, an anchor's write); ``CANAL_BENCH_SPARK_PIDS=1`` adds every process of the
+canal run and of the Python anchor (``canal_pids``, ``python_arrow_pids``).
 """
 
 from __future__ import annotations
@@ -26,13 +30,14 @@ from typing import Any
 
 from benchmarks.bench_cluster import DEST, start_nodes, stop_all, wait_leader
 from benchmarks.bench_common import REPO, Context
+from benchmarks.proc_cpu import CpuSampler
 
 __all__ = ["OPTIONS", "spark_parquet"]
 
 JOB = REPO / "benchmarks" / "spark_job.py"
 SPARK_TIMEOUT_S = 1800.0
 # the source's defaults (batchSize 1000, maxBatchesPerTrigger 100, maxRowsPerTrigger
-# 500000, rowsPerPartition 50000): what a user gets. A steady state of several
+# 500000, rowsPerPartition 250000): what a user gets. A steady state of several
 # micro-batches of that size wants `--rows 2000000` (the README's figures).
 OPTIONS: tuple[str, ...] = ()
 # the nodes' store holds two micro-batches of those defaults (~120 bytes a row in the
@@ -47,22 +52,39 @@ def _count_parquet_rows(path: str) -> int:
     return int(pads.dataset(path, format="parquet").count_rows())
 
 
-def _run_job(argv: list[str], log: Path) -> dict[str, Any]:
+def _run_job(argv: list[str], log: Path, sampler: CpuSampler) -> dict[str, Any]:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    job = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )  # fmt: skip
+    sampler.add_root(job.pid)
     try:
-        done = subprocess.run(
-            argv, capture_output=True, text=True, env=env, timeout=SPARK_TIMEOUT_S, check=False
-        )
+        stdout, stderr = job.communicate(timeout=SPARK_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
+        job.kill()
+        job.communicate()
         raise RuntimeError(f"spark_job.py did not finish within {SPARK_TIMEOUT_S:g} s") from exc
     log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(done.stdout + done.stderr)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        tail = (done.stdout + done.stderr)[-1500:]
-        raise RuntimeError(f"spark_job.py exit {done.returncode} (log {log}): {tail}")
+    log.write_text(stdout + stderr)
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if job.returncode != 0 or not lines:
+        tail = (stdout + stderr)[-1500:]
+        raise RuntimeError(f"spark_job.py exit {job.returncode} (log {log}): {tail}")
     result: dict[str, Any] = json.loads(lines[-1])
     return result
+
+
+def _cpu_us_per_row(sampler: CpuSampler, run: dict[str, Any], rows: int) -> dict[str, Any]:
+    """Microseconds of CPU per row of each process class over a run's timed window
+    (``steady_from``/``steady_to`` of a stream, ``from``/``to`` of an anchor)."""
+    t0, t1 = run.get("steady_from", run.get("from")), run.get("steady_to", run.get("to"))
+    if t0 is None or t1 is None or rows <= 0:
+        return {}
+    used = sampler.cpu_between(float(t0), float(t1))
+    out: dict[str, Any] = {k: round(v * 1e6 / rows, 2) for k, v in sorted(used.items())}
+    out["total"] = round(sum(used.values()) * 1e6 / rows, 2)
+    out["wall_us"] = round((float(t1) - float(t0)) * 1e6 / rows, 2)
+    return out
 
 
 def _b_run(b: dict[str, Any], options: list[str], jvm_rows_per_s: float) -> dict[str, Any]:
@@ -94,11 +116,15 @@ def spark_parquet(ctx: Context) -> dict[str, Any]:
     ]  # fmt: skip
     if b_options:
         argv += ["--b-server", nodes[2].url, *(a for o in b_options for a in ("--b-option", o))]
+    sampler = CpuSampler([n.pid for n in nodes], [n.pid for n in nodes])
     try:
         for node in nodes:
             wait_leader([node])
-        result = _run_job(argv, Path(os.environ.get("CANAL_BENCH_SPARK_LOG", work / "job.log")))
+        sampler.start()
+        log = Path(os.environ.get("CANAL_BENCH_SPARK_LOG", work / "job.log"))
+        result = _run_job(argv, log, sampler)
     finally:
+        sampler.stop()
         stop_all(nodes)
     canal, typed = result["canal"], result["canal_typed"]
     rows = _count_parquet_rows(canal["output"])
@@ -113,7 +139,18 @@ def spark_parquet(ctx: Context) -> dict[str, Any]:
         result["python_arrow_typed"],
     )
     b = result.get("canal_b")
+    cpu: dict[str, Any] = {
+        "canal": _cpu_us_per_row(sampler, canal, canal["steady_rows"]),
+        "canal_typed": _cpu_us_per_row(sampler, typed, typed["steady_rows"]),
+        "jvm_range": _cpu_us_per_row(sampler, jvm, jvm["rows"]),
+        "python_arrow": _cpu_us_per_row(sampler, arrow, arrow["rows"]),
+        **({"canal_b": _cpu_us_per_row(sampler, b, b["steady_rows"])} if b else {}),
+    }
+    if os.environ.get("CANAL_BENCH_SPARK_PIDS"):  # every process's CPU over the canal run
+        cpu["canal_pids"] = sampler.per_pid(canal["steady_from"], canal["steady_to"])
+        cpu["python_arrow_pids"] = sampler.per_pid(arrow["from"], arrow["to"])
     return {
+        "cpu_us_per_row": cpu,
         **({"b": _b_run(b, b_options, jvm["rows_per_s"])} if b else {}),
         "rows": rows, "rows_per_s": canal["rows_per_s"], "seconds": canal["steady_s"],
         "first_batch_s": canal["first_batch_s"], "micro_batches": canal["micro_batches"],

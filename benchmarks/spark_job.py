@@ -45,7 +45,7 @@ from pyspark.sql.types import StructType
 from canal_client.spark import local_session
 from canal_client.spark_schema import generic_struct
 
-DEFAULT_ROWS_PER_PARTITION = 50_000  # the source's default
+DEFAULT_ROWS_PER_PARTITION = 250_000  # the source's default
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -110,6 +110,7 @@ def stream(
         "first_batch_rows": int(batches[0]["numInputRows"]),
         "rows_per_micro_batch": round(rows / len(batches)),
         "steady_rows": steady_rows, "steady_s": round(steady_s, 3),
+        "steady_from": first_end, "steady_to": _end_s(batches[-1]),
         "rows_per_s": steady_rows / steady_s if steady_s > 0 else 0.0,
         # every micro-batch, the first included: rows over the sum of their durations
         "batches_rows_per_s": rows * 1000 / sum(int(p["batchDuration"]) for p in batches),
@@ -142,7 +143,10 @@ def jvm_range(spark: SparkSession, rows: int, out: Path) -> dict[str, Any]:
     t0 = time.time()
     df.write.mode("overwrite").parquet(str(out))
     seconds = time.time() - t0
-    return {"rows": rows, "seconds": round(seconds, 3), "rows_per_s": rows / seconds}
+    return {
+        "rows": rows, "seconds": round(seconds, 3), "rows_per_s": rows / seconds,
+        "from": t0, "to": t0 + seconds,
+    }  # fmt: skip
 
 
 class _ArrowPartition(InputPartition):
@@ -221,7 +225,7 @@ def python_arrow(
         raise SystemExit(f"python_arrow wrote {written} rows, not {rows}")
     return {
         "rows": rows, "seconds": round(seconds, 3), "rows_per_s": rows / seconds,
-        "rows_per_partition": per_partition,
+        "rows_per_partition": per_partition, "from": t0, "to": t0 + seconds,
     }  # fmt: skip
 
 

@@ -135,7 +135,8 @@ def test_options_defaults_and_lists() -> None:
     assert opts.batch_size == 50 and opts.filter == "" and opts.token is None
     assert opts.poll_timeout_s == 1.0 and not opts.exclusive
     assert (opts.max_batches_per_trigger, opts.max_rows_per_trigger) == (100, 500_000)
-    assert opts.rows_per_partition == 50_000
+    assert (opts.rows_per_partition, opts.rows_per_arrow_batch) == (250_000, 250_000)
+    assert CanalOptions.parse({**BASE, "rowsPerArrowBatch": "7"}).rows_per_arrow_batch == 7
     assert CanalOptions.parse({**BASE, "maxRowsPerTrigger": "1000"}).max_rows_per_trigger == 1000
     srv = CanalOptions.parse(
         {"server": "http://127.0.0.1:8000", "destination": "d", "clientId": "c"}
@@ -155,6 +156,7 @@ def test_options_defaults_and_lists() -> None:
         ({**BASE, "pollTimeoutMs": "-1"}, "pollTimeoutMs"),
         ({**BASE, "exclusive": "maybe"}, "exclusive"),
         ({**BASE, "maxRowsPerTrigger": "0"}, "maxRowsPerTrigger"),
+        ({**BASE, "rowsPerArrowBatch": "0"}, "rowsPerArrowBatch"),
     ],
 )
 def test_bad_options_are_refused_with_their_name(options: dict[str, str], key: str) -> None:
@@ -218,6 +220,30 @@ def test_arrow_rows_equal_entry_rows_for_every_value_form() -> None:
     got = arrow_rows([record_batch(data, len(packed.entries), schema)])
     assert got == [row for e in entries for row in entry_rows(e)]
     assert json.loads(got[0][COL["primary_key"]]) == {"k": 'a"b\\c', "b": "AP8="}
+
+
+def test_a_partition_in_arrow_batches_of_whole_entries_gives_the_same_rows() -> None:
+    """``record_batches`` cuts a partition after the entry that fills ``max_rows``: the
+    rows, in order, are ``record_batch``'s; entries without rows give no batch."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from spark_fixtures import arrow_rows
+
+    from canal_client.packed import PackedBatch
+    from canal_client.spark_arrow import record_batch, record_batches
+    from canal_client.spark_schema import generic_struct
+    from canal_protocol import Batch
+
+    entries = [*make_entries(4, 3), ddl_entry("ALTER TABLE t.items ADD c int", 9000)]
+    packed = PackedBatch.of(Batch(1, [Entry.from_wire(e) for e in entries]))
+    data, count = b"".join(e.data for e in packed.entries), len(packed.entries)
+    schema = to_arrow_schema(generic_struct(), timezone="UTC")
+    whole = arrow_rows([record_batch(data, count, schema)])
+    assert len(whole) == 13
+    pieces = list(record_batches(data, count, schema, max_rows=5))
+    assert [b.num_rows for b in pieces] == [6, 6, 1]  # whole entries of 3 rows, then DDL
+    assert arrow_rows(pieces) == whole
+    assert [b.num_rows for b in record_batches(data, count, schema)] == [13]
+    assert list(record_batches(b"", 0, schema)) == []
 
 
 def test_keys_of_two_databases_compare_by_gtid_and_place() -> None:

@@ -12,16 +12,19 @@ from spark_fixtures import ddl_entry, make_entries, spark  # noqa: F401  (fixtur
 from canal_client.spark_rows import FIELDS
 
 
-def run_available_now(session: Any, data: Path, out: Path, ckpt: Path) -> None:
+def run_available_now(
+    session: Any, data: Path, out: Path, ckpt: Path, batch_size: int = 12, **extra: str
+) -> None:
     query = (
         session.readStream.format("canal")
         .option("server", f"file://{data}")
         .option("connectorFactory", "spark_fixtures:file_connector")
         .option("destination", "example")
         .option("clientId", "spark")
-        .option("batchSize", "12")
+        .option("batchSize", str(batch_size))
         .option("maxBatchesPerTrigger", "1")
         .option("pollTimeoutMs", "0")
+        .options(**extra)
         .load()
         .writeStream.format("parquet")
         .partitionBy("schema", "table")
@@ -66,6 +69,24 @@ def test_stream_into_parquet_twice_from_one_checkpoint(spark: Any, tmp_path: Pat
     assert [r for r in rows if r[1]] == [
         ("CREATE", True, None, "null", "mariadb-bin.000001", 20_000, 0)
     ]
+
+
+def test_a_partition_read_in_several_arrow_batches_writes_every_row_once(
+    spark: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """``rowsPerArrowBatch`` below a partition's rows: its rows reach Spark in several
+    Arrow batches, each row exactly once."""
+    data, out, ckpt = tmp_path / "data.json", tmp_path / "out", tmp_path / "ckpt"
+    data.write_text(json.dumps(make_entries(10, 3)))
+    run_available_now(spark, data, out, ckpt, batch_size=100, rowsPerArrowBatch="4")
+    # 30 rows in at most two micro-batches of one partition each: 15 rows or more
+    assert len(list((ckpt / "offsets").iterdir())) <= 2
+    rows = written(spark, out)
+    assert len(rows) == 30 and len(set(rows)) == 30
+    assert {r[2] for r in rows} == {
+        json.dumps({"id": str(i)}, separators=(",", ":")) for i in range(1, 31)
+    }
 
 
 def test_schema_and_types(spark: Any) -> None:  # noqa: F811

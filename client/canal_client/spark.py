@@ -16,7 +16,7 @@ the leader when the query starts; a table map of another shape stops the query w
 ``clientId``, ``batchSize`` (entries per server batch, 1000), ``filter`` (table regex),
 ``token``, ``etcdPrefix`` (``/canal``), ``pollTimeoutMs`` (1000),
 ``maxBatchesPerTrigger`` (100), ``maxRowsPerTrigger`` (500000), ``replayTimeoutS`` (120),
-``rowsPerPartition`` (50000),
+``rowsPerPartition`` (250000), ``rowsPerArrowBatch`` (250000),
 ``exclusive`` (false: one active consumer per client id), ``availableNowStallS`` (120),
 ``startingOffsets`` (``earliest``; see README), ``table`` (typed mode), ``prefetch`` (true),
 ``connectorFactory`` (tests: ``module:function`` building the connector); a secured etcd
@@ -120,7 +120,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTri
 from pyspark.sql.types import StructType
 
 from canal_client.packed import PackedBatch, PackedEntry
-from canal_client.spark_arrow import record_batch
+from canal_client.spark_arrow import record_batches
 from canal_client.spark_rows import (
     MIN_KEY,
     UNKNOWN_SUB,
@@ -249,7 +249,8 @@ class CanalOptions:
     max_batches_per_trigger: int = 100
     max_rows_per_trigger: int = 500_000
     replay_timeout_s: float = 120.0
-    rows_per_partition: int = 50_000
+    rows_per_partition: int = 250_000
+    rows_per_arrow_batch: int = 250_000
     exclusive: bool = False
     connector_factory: str = ""
     available_now_stall_s: float = 120.0
@@ -298,7 +299,8 @@ class CanalOptions:
             max_batches_per_trigger=_int(opts, "maxBatchesPerTrigger", 100, 1, 100_000),
             max_rows_per_trigger=_int(opts, "maxRowsPerTrigger", 500_000, 1, 1_000_000_000),
             replay_timeout_s=float(_int(opts, "replayTimeoutS", 120, 1, 86_400)),
-            rows_per_partition=_int(opts, "rowsPerPartition", 50_000, 1, 10_000_000),
+            rows_per_partition=_int(opts, "rowsPerPartition", 250_000, 1, 10_000_000),
+            rows_per_arrow_batch=_int(opts, "rowsPerArrowBatch", 250_000, 1, 10_000_000),
             exclusive=exclusive,
             connector_factory=factory,
             available_now_stall_s=float(_int(opts, "availableNowStallS", 120, 1, 86_400)),
@@ -1158,9 +1160,10 @@ class CanalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, CanalPartition)
         if self._arrow is None:
             self._arrow = to_arrow_schema(self.schema, timezone="UTC")  # as PySpark checks
-        batch = record_batch(partition.data, partition.count, self._arrow, self.typed)
-        if batch.num_rows:
-            yield batch
+        yield from record_batches(
+            partition.data, partition.count, self._arrow, self.typed,
+            self.options.rows_per_arrow_batch,
+        )  # fmt: skip
 
     def commit(self, end: dict[str, Any]) -> None:
         self._end_prefetch()
