@@ -307,7 +307,7 @@ def images_from_wire(d: dict[str, Any], binary_as_base64: bool = False) -> RowIm
     if "columns" not in d:
         if not d.get("rows"):
             return None  # a transaction's BEGIN or END, a DDL
-        rows = [RowChange.from_wire(r, binary_as_base64) for r in d.get("rows") or ()]
+        rows = [RowChange.from_wire(r, binary_as_base64) for r in d["rows"]]
         return RowImages.from_changes(rows)
     images = RowImages(
         TableColumns.from_wire(d["columns"]),

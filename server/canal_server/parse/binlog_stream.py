@@ -516,19 +516,23 @@ class _MariadbStreamReader(BinLogStreamReader):  # type: ignore[misc]
             or body < _BODY.get(cls, _ROWS_MIN_BODY)
         ):
             return None  # not one whole event, or the layout is unknown: the library's
-        if cls not in _BODY:
+        if cls in _BODY:
+            ev = self._made_small(data, header, cls, body)
+        else:
             try:
                 ev = self._made_rows(packet, header, cls, body)
             except (IndexError, struct.error):
                 return None  # truncated: the library's (which raises what it raises)
-            if ev is not None:
-                self.light_rows += 1
-                if header[4]:
-                    self.log_pos = header[4]
-            return ev
-        ev = _light_event(self, cls, header, body, _Packet(header, _BODY[cls]))
+            if ev is None:
+                return None
+            self.light_rows += 1
         if header[4]:
             self.log_pos = header[4]
+        return ev
+
+    def _made_small(self, data: bytes, header: _Header, cls: type, body: int) -> Any:
+        """A GTID or XID event from its packet's bytes."""
+        ev = _light_event(self, cls, header, body, _Packet(header, _BODY[cls]))
         if cls is XidEvent:
             (ev.xid,) = struct.unpack_from("<Q", data, 1 + _HEADER_LEN)
             return ev

@@ -61,13 +61,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Sink = Callable[[Sequence[Entry]], None]
-_ROW_KINDS = {
-    WriteRowsEvent: "INSERT",
-    UpdateRowsEvent: "UPDATE",
-    PartialUpdateRowsEvent: "UPDATE",
-    DeleteRowsEvent: "DELETE",
+_ROW_KINDS = {  # StrEnum members: the decoder takes them as its "INSERT"/"UPDATE"/"DELETE"
+    WriteRowsEvent: EventType.INSERT,
+    UpdateRowsEvent: EventType.UPDATE,
+    PartialUpdateRowsEvent: EventType.UPDATE,
+    DeleteRowsEvent: EventType.DELETE,
 }
-_EVENT_TYPES = {kind: EventType(kind) for kind in set(_ROW_KINDS.values())}
 _GTID_STANDALONE = 0x01
 
 
@@ -308,7 +307,7 @@ class TransactionAssembler:
 
     def _rows(self, ev: Any, span: Any) -> None:
         kind = _ROW_KINDS[type(ev)]
-        header = self._header(span, _EVENT_TYPES[kind], ev.schema, ev.table)
+        header = self._header(span, kind, ev.schema, ev.table)
         entry = self._entry(EntryType.ROWDATA, header, images=self._decoder.decode(ev, kind))
         self._emit(entry)
 
