@@ -35,7 +35,7 @@ from canal_cluster.retry import wait_until
 __all__ = ["e2e_json", "e2e_msgpack", "failover", "latency", "node_rss"]
 
 BATCH_SIZE = 1000  # entries per get (Canal's batchSize)
-LATENCY_RATES = (100.0, 1000.0, 5000.0)  # tx/s of one-row transactions
+LATENCY_RATES = (100.0, 1000.0, 3000.0, 5000.0)  # tx/s of one-row transactions
 LATENCY_GOAL_TPS = (1000.0, 5000.0)
 LATENCY_GOAL_P99_MS = 20.0
 LATENCY_ACK_MODES = ("on_get", "separate")  # each rate in both, alternating (A/B)
@@ -328,27 +328,60 @@ def _machine_busy_s() -> tuple[float, float]:
     return (sum(fields[:8]) - idle) / tick, sum(fields[:8]) / tick
 
 
+def thread_waits_s(pid: int, proc: str = "/proc") -> dict[str, float] | None:
+    """Seconds each thread of ``pid`` has spent runnable but waiting for a core (the
+    second field of ``/proc/PID/task/TID/schedstat``), by thread id; None when the
+    kernel keeps no schedstat."""
+    waits: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"{proc}/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"{proc}/{pid}/task/{tid}/schedstat", encoding="ascii") as f:
+                waits[tid] = int(f.read().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile, or no schedstat
+    return waits if waits or not tids else None
+
+
+def waited_s(before: dict[str, float] | None, after: dict[str, float] | None) -> float | None:
+    """Thread-seconds spent waiting for a core between two ``thread_waits_s``: threads
+    that ended meanwhile are left out, threads started meanwhile count whole."""
+    if before is None or after is None:
+        return None
+    return sum(w - before.get(tid, 0.0) for tid, w in after.items())
+
+
 class _CpuMeter:
     """CPU used by the node, MariaDB, this process (the client) and the whole machine
-    from ``__init__`` to ``cores``: where a rate's CPU goes, in cores."""
+    from ``__init__`` to ``cores``: where a rate's CPU goes, in cores; and how long the
+    threads of the first three waited for a core meanwhile."""
 
     def __init__(self, node_pid: int, db_pid: int) -> None:
         self._pids = {"node": node_pid, "mariadb": db_pid, "client": os.getpid()}
         self._t0 = time.monotonic()
         self._cpu0 = {name: _cpu_s(pid) for name, pid in self._pids.items()}
+        self._wait0 = {name: thread_waits_s(pid) for name, pid in self._pids.items()}
         self._busy0, self._all0 = _machine_busy_s()
 
-    def cores(self, writer_cpu_s: float) -> dict[str, float]:
+    def cores(self, writer_cpu_s: float) -> dict[str, float | None]:
         wall = time.monotonic() - self._t0
         used = {name: _cpu_s(pid) - self._cpu0[name] for name, pid in self._pids.items()}
         used["writer"] = writer_cpu_s
         busy, total = _machine_busy_s()
         used["machine"] = busy - self._busy0
-        out = {f"{name}_cores": round(cpu / wall, 2) for name, cpu in used.items()}
+        out: dict[str, float | None] = {
+            f"{name}_cores": round(cpu / wall, 2) for name, cpu in used.items()
+        }
         out["others_cores"] = round(
             (used["machine"] - sum(v for k, v in used.items() if k != "machine")) / wall, 2
         )
         out["machine_busy_pct"] = round(100 * used["machine"] / max(total - self._all0, 1e-9), 1)
+        for name, pid in self._pids.items():
+            waited = waited_s(self._wait0[name], thread_waits_s(pid))
+            out[f"{name}_cpu_wait"] = None if waited is None else round(waited / wall, 2)
         return out
 
 
@@ -380,7 +413,9 @@ def latency(ctx: Context) -> dict[str, Any]:
         "cores": "*_cores: CPU (user + system) over the same span / its wall time, of the "
         "node, MariaDB, the writer (its INSERT loop), this process (the client), the whole "
         "machine (/proc/stat, all cores) and others (machine minus those four: other "
-        "jobs on the machine); machine_busy_pct of all cores",
+        "jobs on the machine); machine_busy_pct of all cores; *_cpu_wait: thread-seconds "
+        "the node's, MariaDB's and the client's threads spent runnable but waiting for a "
+        "core (schedstat), per second of the same span (null without schedstat)",
         "gets_per_tx": "get requests the client made per transaction written (each one a "
         "request the node serves)",
     }

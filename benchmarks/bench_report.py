@@ -103,7 +103,17 @@ def _cpu_note(rate: dict[str, Any]) -> str:
         f"; INSERT p50/p99 {rate['insert_p50_ms']:.1f}/{rate['insert_p99_ms']:.1f} ms, "
         f"commit -> client p50/p99 {rate['after_commit_p50_ms']:.1f}/"
         f"{rate['after_commit_p99_ms']:.1f} ms; node CPU {rate['node_cpu_us_per_tx']:.0f} us/tx, "
-        f"load {rate['loadavg_1m']:.1f}"
+        f"load {rate['loadavg_1m']:.1f}{_wait_note(rate)}"
+    )
+
+
+def _wait_note(rate: dict[str, Any]) -> str:
+    """The machine's busy share and how long the node's threads waited for a core."""
+    if rate.get("node_cpu_wait") is None:
+        return ""
+    return (
+        f", machine {rate['machine_busy_pct']:.0f}% busy, node threads waited "
+        f"{rate['node_cpu_wait']:.2f} s/s for a core"
     )
 
 

@@ -29,6 +29,7 @@ from benchmarks.bench_common import (  # noqa: E402
     percentile,
     run_part,
 )
+from benchmarks.bench_node import thread_waits_s, waited_s  # noqa: E402
 from benchmarks.bench_readers import ZONGJI_DIR, install_zongji  # noqa: E402
 from benchmarks.bench_report import ratios, render_table  # noqa: E402
 
@@ -136,6 +137,49 @@ def test_table_shows_every_part_and_its_outcome() -> None:
     assert "reader" in text and "not yet" in text and "no node" in text
     assert "ttl 3 s, switch delay 1 s" in text
     assert "sigkill: median 4.50 s, max 5.00 s over 2 trials" in text
+
+
+def _fake_task(proc: Path, tid: str, schedstat: str) -> None:
+    (proc / "7" / "task" / tid).mkdir(parents=True, exist_ok=True)
+    (proc / "7" / "task" / tid / "schedstat").write_text(schedstat)
+
+
+def test_thread_waits_come_from_schedstat_per_thread(tmp_path: Path) -> None:
+    _fake_task(tmp_path, "7", "900000000 2500000000 40\n")
+    _fake_task(tmp_path, "8", "100 500000000 3\n")
+    before = thread_waits_s(7, str(tmp_path))
+    assert before == {"7": 2.5, "8": 0.5}
+    (tmp_path / "7" / "task" / "8" / "schedstat").unlink()  # thread 8 ended
+    _fake_task(tmp_path, "7", "900000000 3000000000 41\n")
+    _fake_task(tmp_path, "9", "5 250000000 1\n")  # thread 9 started
+    after = thread_waits_s(7, str(tmp_path))
+    assert after == {"7": 3.0, "9": 0.25}
+    assert waited_s(before, after) == pytest.approx(0.75)  # 0.5 more by 7, 0.25 by 9
+    assert thread_waits_s(8, str(tmp_path)) is None  # no such process
+    assert waited_s(None, after) is None
+    assert thread_waits_s(os.getpid()) is not None  # this kernel keeps schedstat
+
+
+def test_latency_lines_show_the_machine_and_the_node_waiting_for_a_core() -> None:
+    rate = {
+        "target_tps": 5000.0, "achieved_tps": 4999.0, "ack": "on_get", "p50_ms": 9.0,
+        "p99_ms": 60.0, "max_ms": 80.0, "samples": 50000, "goal_p99_ms": 20.0,
+        "insert_p50_ms": 0.1, "insert_p99_ms": 1.5, "after_commit_p50_ms": 8.9,
+        "after_commit_p99_ms": 59.9, "node_cpu_us_per_tx": 137.0, "loadavg_1m": 1.6,
+        "machine_busy_pct": 84.2, "node_cpu_wait": 0.55,
+    }  # fmt: skip
+
+    def table(rate: dict[str, Any]) -> str:
+        return render_table({
+            "machine": {"nproc": 2, "cpu_model": "cpu", "memory_bytes": 2**30, "python": "3"},
+            "parts": {"latency": {"status": "ok", "title": "latency", "rates": [rate]}},
+            "ratios": {},
+        })  # fmt: skip
+
+    text = table(rate)
+    assert "p99 60.0 ms" in text and "NOT met" in text
+    assert "machine 84% busy, node threads waited 0.55 s/s for a core" in text
+    assert "waited" not in table({**rate, "node_cpu_wait": None})  # no schedstat
 
 
 def test_median_and_percentile() -> None:
