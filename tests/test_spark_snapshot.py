@@ -184,7 +184,7 @@ def test_snapshot_rows_arrive_once_through_typed_streams_and_the_mirror(
     writer.run(20, 0.0)
     queries = start(available_now=True)  # restarted from the checkpoints
     for q in queries:
-        q.awaitTermination(300)
+        assert q.awaitTermination(300), f"the availableNow query {q.id} ran past 300 s"
         assert q.exception() is None, q.exception()
     assert snapshot_state(leader, snapshot_id)["rows"] > 0
 

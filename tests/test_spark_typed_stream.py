@@ -68,7 +68,7 @@ def test_every_type_into_parquet_and_back(
     assert schema["b"] == "binary" and schema["tiu"] == "smallint"
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     query = to_parquet(df, out, ckpt)
-    query.awaitTermination(180)
+    assert query.awaitTermination(180), "the availableNow query ran past 180 s"
     assert query.exception() is None
     back = spark.read.parquet(str(out))
     assert back.schema == df.schema
@@ -150,7 +150,7 @@ def test_alter_table_stops_the_query_and_a_restart_continues_exactly_once(
     df2 = typed_query(spark, sandbox, nodes, f"{db}.orders", client, batchSize="5")
     assert [f.name for f in df2.schema["after"].dataType.fields] == ["id", "qty", "price", "note"]
     query2 = to_parquet(df2, out, ckpt)
-    query2.awaitTermination(180)
+    assert query2.awaitTermination(180), "the second availableNow query ran past 180 s"
     assert query2.exception() is None
     merged = spark.read.option("mergeSchema", "true").parquet(str(out))
     rows = [r for r in merged.collect() if not r["is_ddl"]]
