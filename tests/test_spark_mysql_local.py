@@ -99,8 +99,10 @@ def test_mysql_fixture_files_through_the_spark_source_into_parquet(
     assert running.exception() is None, running.exception()
     got = sorted(
         (r.asDict(recursive=True) for r in spark.read.parquet(str(out)).collect()),
-        key=lambda r: (FILES.index(r["logfile"]), r["offset"], r["row_index"]),
+        key=lambda r: (FILES.index(r["logfile"]), r["offset"], r["part"], r["row_index"]),
     )
+    identity = {(r["logfile"], r["offset"], r["part"], r["snapshot"], r["row_index"]) for r in got}
+    assert len(identity) == len(got)  # what names a change is unique
     assert len([r for r in want if not r["is_ddl"]]) == 7 + 21 + 3 + 3 + 1 + 1
     assert [as_compared(r) for r in got] == [as_compared(r) for r in want]
     assert [r["commit_ts"].timestamp() for r in got] == [r["commit_ts"].timestamp() for r in want]
@@ -122,9 +124,12 @@ def test_mysql_fixture_files_through_the_spark_source_into_parquet(
                                          "f5": "BQ==", "f6": "6000000000"}  # fmt: skip
     assert by_table["foo"][0]["after"] == {"a": "4", "b": "foo", "c": "32"}  # BIT(3) b'100'
     compressed = [r for r in got if r["logfile"] == FILES[-1]]
-    assert [(r["table"], r["event_type"], r["after"]) for r in compressed] == [
-        ("tb1", "INSERT", {"id": "1"})
+    assert [
+        (r["table"], r["event_type"], r["after"], r["offset"], r["part"]) for r in compressed
+    ] == [
+        ("tb1", "INSERT", {"id": "1"}, 274, 3)  # the payload event's offset, its 3rd event
     ]
+    assert {r["part"] for r in got if r["logfile"] != FILES[-1]} == {0}
 
 
 def test_typed_mode_on_a_local_destination_is_refused_naming_the_table(

@@ -35,6 +35,11 @@ def rowdata(event: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     return entry
 
 
+def at(entry: dict[str, Any], **header: int) -> dict[str, Any]:
+    """``entry`` with ``header`` fields set (``part``, ``snapshot``)."""
+    return {**entry, "header": {**entry["header"], **header}}
+
+
 def test_insert_row_has_after_map_key_json_and_position() -> None:
     entry = make_entries(1, 2, first_id=7)[1]
     rows = entry_rows(entry)
@@ -126,6 +131,24 @@ def test_schema_ddl_names_every_field() -> None:
     assert ddl.count("`") == 2 * len(FIELDS)
 
 
+def test_added_columns_come_last_so_every_older_column_keeps_its_place() -> None:
+    """``part`` and ``snapshot`` (session 8) come after every column of the first
+    release, in typed mode after ``raw``: code reading rows by position is unaffected."""
+    from canal_client.spark_schema import TypedTable, typed_ddl, typed_struct
+
+    first = ["schema", "table", "event_type", "is_ddl", "sql", "gtid", "logfile", "offset",
+             "row_index", "server_id", "commit_ts", "before", "after", "primary_key"]  # fmt: skip
+    assert [n for n, _ in FIELDS] == [*first, "part", "snapshot"]
+    table = TypedTable.from_wire({
+        "schema": "t", "table": "items",
+        "columns": [{"name": "id", "mysql_type": "int", "is_key": True}],
+    })  # fmt: skip
+    assert [f.name for f in typed_struct(table).fields] == [*first, "raw", "part", "snapshot"]
+    assert typed_ddl(table).endswith("`raw` map<string,string>, `part` int, `snapshot` int")
+    row = entry_rows(at(make_entries(1, 1)[1], part=2, snapshot=5))[0]
+    assert row[COL["part"]] == 2 and row[COL["snapshot"]] == 5 and row[-2:] == (2, 5)
+
+
 BASE = {"etcd": "http://127.0.0.1:2379", "destination": "example", "clientId": "1001"}
 
 
@@ -173,6 +196,7 @@ def test_snapshot_read_entries_have_distinct_keys_in_stream_order() -> None:
     first = {**entry, "header": {**entry["header"], "snapshot": 1}}
     rows = entry_rows(entry)
     assert rows[0][COL["event_type"]] == "READ" and rows[0][COL["after"]] == {"id": "5"}
+    assert (rows[0][COL["snapshot"]], rows[0][COL["part"]]) == (2, 0)  # tells chunks apart
     assert rows[0][COL["primary_key"]] == '{"id":"5"}'
     k1, k2 = entry_key(first), entry_key(entry)
     assert k1 < k2 and (k1.file, k1.pos) == (k2.file, k2.pos)
@@ -213,12 +237,16 @@ def test_arrow_rows_equal_entry_rows_for_every_value_form() -> None:
         rowdata(
             "INSERT", [{"before": [], "after": image(*plain)}, {"before": [], "after": image(*odd)}]
         ),
+        # inside a MySQL 8 compressed transaction, and a snapshot chunk's READ rows
+        at(rowdata("INSERT", [{"before": [], "after": image(*odd)}]), part=3),
+        at(rowdata("READ", [{"before": [], "after": image(*plain)}]), snapshot=4),
     ]
     packed = PackedBatch.of(Batch(1, [Entry.from_wire(e) for e in entries]))
     data = b"".join(e.data for e in packed.entries)
     schema = to_arrow_schema(generic_struct(), timezone="UTC")
     got = arrow_rows([record_batch(data, len(packed.entries), schema)])
     assert got == [row for e in entries for row in entry_rows(e)]
+    assert [(r[COL["part"]], r[COL["snapshot"]]) for r in got[-2:]] == [(3, 0), (0, 4)]
     assert json.loads(got[0][COL["primary_key"]]) == {"k": 'a"b\\c', "b": "AP8="}
 
 
@@ -348,6 +376,7 @@ def test_the_ledger_keeps_every_entry_of_a_compressed_transaction(tmp_path: Any)
     head = batch_end(PackedBatch.of(Batch(2, entries[:2])))
     assert keys[1] <= head < keys[2]
     assert [r[COL["after"]] for r in entry_rows(entries[1])] == [{"id": "1"}]
+    assert [(r[COL["offset"]], r[COL["part"]]) for r in entry_rows(entries[1])] == [(274, 3)]
 
 
 def test_typed_primary_keys_equal_the_map_modes() -> None:

@@ -35,7 +35,7 @@ __all__ = ["RowsBuilder", "record_batch", "record_batches", "time_micros"]
 
 _TOP = (
     "schema", "table", "event_type", "is_ddl", "sql", "gtid", "logfile", "offset",
-    "row_index", "server_id", "commit_ts",
+    "row_index", "server_id", "commit_ts", "part", "snapshot",
 )  # fmt: skip
 _TIME = re.compile(r"^(-)?(\d+):(\d\d):(\d\d)(?:\.(\d{1,6}))?$")
 _ZERO_DATE = re.compile(r"^(\d{4})-(\d\d)-(\d\d)")
@@ -451,6 +451,8 @@ class RowsBuilder:
         top["is_ddl"].append(is_ddl)
         top["sql"].append(sql)
         top["offset"].append(int(h.get("offset", 0)))
+        top["part"].append(int(h.get("part", 0) or 0))
+        top["snapshot"].append(int(h.get("snapshot", 0) or 0))
         top["server_id"].append(int(h.get("server_id", 0)))
         top["commit_ts"].append(int(h.get("timestamp_ms", 0)) * 1000)
         self.row_index.extend(range(n))
@@ -489,22 +491,22 @@ class RowsBuilder:
     def finish(self) -> pa.RecordBatch:
         schema = self.schema
         rows = pa.array(self.entry_of_row, pa.int32())
-        arrays = [
-            pa.array(self.row_index, schema.field(name).type)
+        named = {
+            name: pa.array(self.row_index, schema.field(name).type)
             if name == "row_index"
             else pa.array(self.top[name], schema.field(name).type).take(rows)
             for name in _TOP
-        ]
-        before, after = self.images.arrays(
+        }
+        named["before"], named["after"] = self.images.arrays(
             (schema.field("before").type, schema.field("after").type)
         )
         if isinstance(self.images, _MapImages):
-            arrays += [before, after, self.images.primary_keys()]
+            named["primary_key"] = self.images.primary_keys()
         else:
             assert isinstance(self.images, _StructImages)
-            arrays += [before, after, self.images.key_texts(self.key_runs)]
-            arrays.append(self.images.raw_array(self.rows, schema.field("raw").type))
-        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+            named["primary_key"] = self.images.key_texts(self.key_runs)
+            named["raw"] = self.images.raw_array(self.rows, schema.field("raw").type)
+        return pa.RecordBatch.from_arrays([named[n] for n in schema.names], schema=schema)
 
 
 def record_batch(

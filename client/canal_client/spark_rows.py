@@ -11,9 +11,11 @@ One Spark row per changed row (``FIELDS`` in order):
   the maps, e.g. ``{"id":"42"}`` (of ``after``, of ``before`` for DELETE); null when the
   table has no key and for DDL.
 * A DDL entry gives one row with ``is_ddl = true``, its ``sql`` and null maps.
-* ``(logfile, offset, row_index)`` identifies a change: the binlog event and the row in
-  it (the rows events of one MySQL 8 compressed transaction all have its payload
-  event's offset: their entries' ``header.part`` tells them apart).
+* ``(logfile, offset, part, snapshot, row_index)`` identifies a change: the binlog
+  event and the row in it. ``part`` is the event's place inside a MySQL 8 compressed
+  transaction (its rows events all have the payload event's offset; 0 outside one),
+  ``snapshot`` the ordinal of an incremental snapshot's entry at that position (its
+  chunks' READ rows share it; 0 for the binlog's own changes).
 
 Entries are ordered by their **key** (``EntryKey``): ``(logfile, offset)``, the event's
 start in the binlog of the database the destination reads, and across a database switch
@@ -39,6 +41,7 @@ from functools import partial
 from typing import Any
 
 __all__ = [
+    "ADDED_FIELDS",
     "FIELDS",
     "MIN_KEY",
     "EntryKey",
@@ -50,6 +53,9 @@ __all__ = [
     "value_text",
 ]
 
+# Columns added after the first release go last (typed mode: after ``raw``), so that every
+# older column keeps its place for code that reads rows by position.
+ADDED_FIELDS: tuple[tuple[str, str], ...] = (("part", "int"), ("snapshot", "int"))
 FIELDS: tuple[tuple[str, str], ...] = (
     ("schema", "string"),
     ("table", "string"),
@@ -65,6 +71,7 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("before", "map<string,string>"),
     ("after", "map<string,string>"),
     ("primary_key", "string"),
+    *ADDED_FIELDS,
 )
 
 Row = tuple[Any, ...]
@@ -267,19 +274,16 @@ def entry_rows(entry: Any) -> list[Row]:
     event_type = _text(_get(h, "event_type", ""))
     ts = datetime.fromtimestamp(int(_get(h, "timestamp_ms", 0)) / 1000, tz=UTC)
     common = (str(_get(h, "schema", "")), str(_get(h, "table", "")), event_type)
-    where = (
-        str(_get(h, "gtid", "")),
-        str(_get(h, "logfile", "")),
-        int(_get(h, "offset", 0)),
-    )
+    where = (str(_get(h, "gtid", "")), str(_get(h, "logfile", "")), int(_get(h, "offset", 0)))
     server_id = int(_get(h, "server_id", 0))
+    added = (int(_get(h, "part", 0) or 0), int(_get(h, "snapshot", 0) or 0))
     if _get(entry, "is_ddl", False):
         sql = str(_get(entry, "sql", "") or "")
-        return [(*common, True, sql, *where, 0, server_id, ts, None, None, None)]
+        return [(*common, True, sql, *where, 0, server_id, ts, None, None, None, *added)]
     rows: list[Row] = []
     for index, change in enumerate(_get(entry, "rows", ()) or ()):
         before, after = _get(change, "before", ()), _get(change, "after", ())
         key = _primary_key(before if event_type == "DELETE" else after or before)
         image = (_image(before), _image(after), key)
-        rows.append((*common, False, None, *where, index, server_id, ts, *image))
+        rows.append((*common, False, None, *where, index, server_id, ts, *image, *added))
     return rows

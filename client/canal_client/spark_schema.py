@@ -47,7 +47,7 @@ from typing import Any
 
 from pyspark.sql import types as T
 
-from canal_client.spark_rows import FIELDS
+from canal_client.spark_rows import ADDED_FIELDS, FIELDS
 from canal_protocol.errors import ConfigError
 
 __all__ = [
@@ -214,11 +214,16 @@ def generic_ddl() -> str:
     return ", ".join(f"`{name}` {kind}" for name, kind in FIELDS)
 
 
+def _typed_fields(struct: Any) -> list[tuple[str, Any]]:
+    """The typed mode's fields in order: the map mode's with ``struct`` images, ``raw``
+    after ``primary_key``, the added fields last."""
+    base = [(n, struct if n in ("before", "after") else k) for n, k in FIELDS]
+    return [*base[: len(base) - len(ADDED_FIELDS)], RAW_FIELD, *ADDED_FIELDS]
+
+
 def typed_ddl(table: TypedTable) -> str:
     """The typed mode's schema: the map mode's fields with struct images, and ``raw``."""
-    struct = table.struct_ddl()
-    fields = [(n, struct if n in ("before", "after") else k) for n, k in FIELDS]
-    return ", ".join(f"`{name}` {kind}" for name, kind in [*fields, RAW_FIELD])
+    return ", ".join(f"`{name}` {kind}" for name, kind in _typed_fields(table.struct_ddl()))
 
 
 _SIMPLE_TYPES: dict[str, T.DataType] = {
@@ -252,8 +257,7 @@ def generic_struct() -> T.StructType:
 def typed_struct(table: TypedTable) -> T.StructType:
     """The typed mode's schema (``typed_ddl`` as a StructType)."""
     image = T.StructType([T.StructField(c.name, kind_type(c.kind), True) for c in table.columns])
-    fields = [
-        T.StructField(n, image if n in ("before", "after") else _SIMPLE_TYPES[k], True)
-        for n, k in FIELDS
-    ]
-    return T.StructType([*fields, T.StructField(RAW_FIELD[0], _SIMPLE_TYPES[RAW_FIELD[1]], True)])
+    return T.StructType([
+        T.StructField(n, k if isinstance(k, T.StructType) else _SIMPLE_TYPES[k], True)
+        for n, k in _typed_fields(image)
+    ])  # fmt: skip
