@@ -16,18 +16,17 @@ Failures become the exception tree of ``canal_protocol.errors``: transport error
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import json
-import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import httpx
 import msgpack
 
+from canal_client._http import Answer, HttpxSender, PooledSender, Sender, tls_context
 from canal_protocol.errors import (
     CanalError,
     Forbidden,
@@ -88,19 +87,12 @@ def base_url_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
-def _epoch(headers: httpx.Headers) -> int | None:
-    raw = headers.get(EPOCH_HEADER)
+def _epoch(answer: Answer) -> int | None:
+    raw = answer.header(EPOCH_HEADER)
     try:
         return int(raw) if raw is not None else None
     except ValueError:
         return None
-
-
-@functools.cache
-def tls_context() -> ssl.SSLContext:
-    """httpx's default TLS context (certifi's CAs, verified), made once per process:
-    httpx builds one for every new client, loading the CA bundle (20-160 ms here)."""
-    return httpx.create_ssl_context()
 
 
 @contextlib.contextmanager
@@ -119,7 +111,7 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _decode(response: httpx.Response, tuples: bool = False) -> tuple[Any, bool]:
+def _decode(response: Answer, tuples: bool = False) -> tuple[Any, bool]:
     """(body, binary_as_base64) by Content-Type; empty bodies decode to None.
 
     ``tuples``: msgpack arrays become tuples (a batch: its row images are then ready
@@ -128,7 +120,7 @@ def _decode(response: httpx.Response, tuples: bool = False) -> tuple[Any, bool]:
     """
     if not response.content:
         return None, False
-    ctype = response.headers.get("content-type", "")
+    ctype = response.header("content-type") or ""
     try:
         if MSGPACK in ctype:
             body = msgpack.unpackb(
@@ -138,17 +130,17 @@ def _decode(response: httpx.Response, tuples: bool = False) -> tuple[Any, bool]:
         with gc_paused():
             return json.loads(response.content), True
     except (ValueError, msgpack.UnpackException) as exc:
-        raise UnexpectedResponse(f"{response.request.url}: undecodable {ctype!r} body") from exc
+        raise UnexpectedResponse(f"{response.url}: undecodable {ctype!r} body") from exc
 
 
-def _retry_after(headers: httpx.Headers) -> float | None:
+def _retry_after(response: Answer) -> float | None:
     try:
-        return max(0.0, float(headers["retry-after"]))
-    except (KeyError, ValueError):
+        return max(0.0, float(response.header("retry-after") or ""))
+    except ValueError:
         return None
 
 
-def error_for(response: httpx.Response) -> CanalError:
+def error_for(response: Answer) -> CanalError:
     """The exception for an error status (docs/api.md: ``{"error": code, "message": …}``)."""
     try:
         body, _ = _decode(response)
@@ -156,11 +148,11 @@ def error_for(response: httpx.Response) -> CanalError:
         body = None
     body = body if isinstance(body, dict) else {}
     code = str(body.get("error", "")).lower()
-    message = str(body.get("message") or body.get("detail") or code or response.reason_phrase)
-    where = f"{response.request.method} {response.request.url.path}"
-    status = response.status_code
+    message = str(body.get("message") or body.get("detail") or code or response.reason)
+    where = f"{response.method} {response.path}"
+    status = response.status
     if status == 503:
-        return LeaderUnavailable(f"{where}: {message}", _retry_after(response.headers))
+        return LeaderUnavailable(f"{where}: {message}", _retry_after(response))
     if status == 401:
         return Unauthorized(f"{where}: {message}")
     if status == 403:
@@ -183,7 +175,9 @@ def error_for(response: httpx.Response) -> CanalError:
 
 
 class HttpChannel:
-    """Calls of docs/api.md against node base URLs through one pooled ``httpx.Client``."""
+    """Calls of docs/api.md against node base URLs: kept-alive connections of the
+    standard library's ``http.client`` (``_http.PooledSender``), or an ``httpx.Client``
+    over ``transport`` when one is given (a test's fake cluster, a proxy)."""
 
     def __init__(
         self,
@@ -201,17 +195,14 @@ class HttpChannel:
         headers = {"Accept": MSGPACK if wire == "msgpack" else "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        self._client = httpx.Client(
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
-            follow_redirects=False,
-            transport=transport,
-            trust_env=False,
-            verify=tls_context(),
+        self._sender: Sender = (
+            PooledSender(headers, connect_timeout_s)
+            if transport is None
+            else HttpxSender(transport, headers, connect_timeout_s)
         )
 
     def close(self) -> None:
-        self._client.close()
+        self._sender.close()
 
     def request(
         self,
@@ -231,24 +222,24 @@ class HttpChannel:
         url = base_url
         for _ in range(MAX_REDIRECTS + 1):
             response = self._send(method, url + path, body, extra_timeout_s)
-            if response.status_code != 307:
+            if response.status != 307:
                 return self._reply(response, url, tuples, raw)
             leader = self._leader_of(response)
             if not follow_redirects:
-                raise Redirected(leader, _epoch(response.headers))
+                raise Redirected(leader, _epoch(response))
             url = leader
         raise UnexpectedResponse(f"{method} {path}: more than {MAX_REDIRECTS} redirects")
 
     def get_text(self, base_url: str, path: str) -> str:
         """A plain-text GET (``/metrics``)."""
         response = self._send("GET", base_url + path, None, 0.0)
-        if response.status_code >= 300:
+        if response.status >= 300:
             raise error_for(response)
         return response.text
 
     def _send(
         self, method: str, url: str, body: dict[str, Any] | None, extra_timeout_s: float
-    ) -> httpx.Response:
+    ) -> Answer:
         content, headers = None, {}
         if body is not None:
             if self.wire == "msgpack":
@@ -256,33 +247,25 @@ class HttpChannel:
             else:
                 content = json.dumps(body).encode()
                 headers = {"Content-Type": "application/json"}
-        timeout = httpx.Timeout(self.timeout_s + extra_timeout_s, connect=self.connect_timeout_s)
-        try:
-            return self._client.request(
-                method, url, content=content, headers=headers, timeout=timeout
-            )
-        except httpx.TransportError as exc:
-            raise ServerUnreachable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+        return self._sender.send(method, url, content, headers, self.timeout_s + extra_timeout_s)
 
     @staticmethod
-    def _leader_of(response: httpx.Response) -> str:
-        leader = response.headers.get(LEADER_HEADER) or response.headers.get("location")
+    def _leader_of(response: Answer) -> str:
+        leader = response.header(LEADER_HEADER) or response.header("location")
         if not leader:
-            raise UnexpectedResponse(f"{response.request.url}: 307 without Location")
+            raise UnexpectedResponse(f"{response.url}: 307 without Location")
         if leader.startswith("/"):  # relative Location
-            leader = str(response.request.url.join(leader))
+            leader = urljoin(response.url, leader)
         return base_url_of(leader) if "/v1/" in leader else leader.rstrip("/")
 
     @staticmethod
-    def _reply(
-        response: httpx.Response, url: str, tuples: bool = False, raw: bool = False
-    ) -> Reply:
-        if response.status_code >= 300:
+    def _reply(response: Answer, url: str, tuples: bool = False, raw: bool = False) -> Reply:
+        if response.status >= 300:
             raise error_for(response)
         if raw:
-            ctype = response.headers.get("content-type", "")
+            ctype = response.header("content-type") or ""
             if MSGPACK not in ctype:
-                raise UnexpectedResponse(f"{response.request.url}: {ctype!r}, not msgpack")
-            return Reply(response.content, False, _epoch(response.headers), url)
+                raise UnexpectedResponse(f"{response.url}: {ctype!r}, not msgpack")
+            return Reply(response.content, False, _epoch(response), url)
         body, b64 = _decode(response, tuples)
-        return Reply(body, b64, _epoch(response.headers), url)
+        return Reply(body, b64, _epoch(response), url)

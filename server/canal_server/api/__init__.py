@@ -6,7 +6,8 @@ Modules: ``app`` (``create_app``: the app, its routers, handlers and middleware)
 bodies, worker threads), ``responses`` (the one response helper: JSON or msgpack, with
 ``X-Canal-Epoch``), ``errors`` (``ApiError`` and the exception tree → status codes),
 ``encoding`` (JSON / msgpack), ``openapi`` (documented responses and parameters),
-``models`` (request and response models).
+``models`` (request and response models), ``lane`` (the get's express lane: the usual
+``POST .../batches`` served without FastAPI's routing and dependency layers).
 """
 
 from canal_server.api.app import create_app

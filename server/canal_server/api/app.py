@@ -17,6 +17,10 @@
 * ``/docs`` is Swagger UI from the package's own files (``canal_server/static``): it
   works offline.
 * Blocking store calls (long polls) run in a worker thread, never on the event loop.
+* A usual get (``POST .../batches``: a valid body, an allowed token, this node leading)
+  takes the express lane (``lane.BatchLane``): the route's own parts without FastAPI's
+  routing and dependency layers; every other request, and every refusal, is the
+  routes' own.
 * Batches in API.md's ``rows`` layout, or with ``layout=compact`` (what the Python
   client asks for) each rows entry's ``columns`` once and ``before``/``after`` value
   lists; compact msgpack batches are joined from the entries' once-made bytes.
@@ -47,6 +51,7 @@ from canal_server.api import models as m
 from canal_server.api.access import Access
 from canal_server.api.deps import LeaderLookup, read_body, require_admin
 from canal_server.api.encoding import encode
+from canal_server.api.lane import BatchLane
 from canal_server.api.responses import EpochHeader
 from canal_server.node import Node
 from canal_server.snapshot_routes import SnapshotRouteParts, add_snapshot_routes
@@ -77,6 +82,7 @@ def create_app(node: Node) -> FastAPI:
     # snapshots change the cluster: admin tokens only
     parts = SnapshotRouteParts(require_admin, _leader_of, encode, read_body)
     add_snapshot_routes(app, node, parts)
+    app.add_middleware(BatchLane, access=app.state.access)  # the get's lane: inside EpochHeader
     app.add_middleware(EpochHeader, node=node)
     return app
 

@@ -53,6 +53,7 @@ __all__ = [
     "TokenGrant",
     "bearer",
     "check_token",
+    "decode_body",
     "destination_lookup",
     "in_thread",
     "leader_lookup",
@@ -252,7 +253,9 @@ async def _read_limited(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-def _decode(request: Request, raw: bytes) -> Any:
+def decode_body(request: Request, raw: bytes) -> Any:
+    """A request body by its Content-Type (msgpack, else JSON; empty: ``{}``); 400
+    ``bad_body`` when unreadable."""
     if not raw.strip():
         return {}
     try:
@@ -266,7 +269,7 @@ def _decode(request: Request, raw: bytes) -> Any:
 async def read_body(request: Request, model: type[M]) -> M:
     """The JSON or msgpack body as ``model``: 413 over ``MAX_BODY``, 400 naming the
     field (the body's top-level field) when it does not validate."""
-    data = _decode(request, await _read_limited(request))
+    data = decode_body(request, await _read_limited(request))
     if not isinstance(data, dict):
         raise ApiError(400, "bad_body", "the body must be an object", field="body")
     try:
