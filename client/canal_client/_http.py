@@ -117,11 +117,12 @@ def _dropped(conn: http.client.HTTPConnection) -> bool:
     sock = conn.sock
     if sock is None:
         return True
+    poller = select.poll()  # not select(): no limit on the descriptor's number
+    poller.register(sock, select.POLLIN | select.POLLERR | select.POLLHUP)
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):
+        return bool(poller.poll(0))
+    except OSError:
         return True
-    return bool(readable)
 
 
 class PooledSender:
