@@ -5,6 +5,8 @@ closed is replaced, a read timeout, a refused port and a reset become
 
 from __future__ import annotations
 
+import os
+import resource
 import socket
 import threading
 import time
@@ -209,3 +211,23 @@ def test_the_channel_maps_statuses_and_headers_through_the_pool(server: _Server)
     finally:
         channel.close()
     assert len(set(server.ports())) == 1
+
+
+def test_connections_past_descriptor_1024_are_reused(server: _Server) -> None:
+    # select() refuses a descriptor over 1024: each idle connection would look dropped
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1200, hard), hard))
+    fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
+    sender = _sender()
+    try:
+        for i in range(3):
+            sender.send("GET", f"{server.url}/{i}", None, {}, 5.0)
+        (conn,) = sender._idle[("http", "127.0.0.1", server.server_address[1])]
+        assert conn.sock is not None and conn.sock.fileno() > 1024
+    finally:
+        sender.close()
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert len(set(server.ports())) == 1, server.ports()
