@@ -129,15 +129,9 @@ class PooledSender:
     """Keep-alive HTTP/1.1 connections per origin (``http.client``), thread-safe: each
     request takes a connection of its own and gives it back once its answer is read."""
 
-    def __init__(
-        self,
-        headers: Mapping[str, str],
-        connect_timeout_s: float,
-        tls: ssl.SSLContext | None = None,  # for https:// (default: ``tls_context()``)
-    ) -> None:
+    def __init__(self, headers: Mapping[str, str], connect_timeout_s: float) -> None:
         self._headers = dict(headers)
         self._connect_timeout_s = connect_timeout_s
-        self._tls = tls
         self._idle: dict[_Origin, list[http.client.HTTPConnection]] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -187,9 +181,8 @@ class PooledSender:
                 conn.close()
         scheme, host, port = origin
         if scheme == "https":
-            context = self._tls or tls_context()
             return http.client.HTTPSConnection(
-                host, port, timeout=self._connect_timeout_s, context=context
+                host, port, timeout=self._connect_timeout_s, context=tls_context()
             )
         return http.client.HTTPConnection(host, port, timeout=self._connect_timeout_s)
 

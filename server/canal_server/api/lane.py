@@ -19,7 +19,6 @@ handlers answer it.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import ValidationError
@@ -35,7 +34,7 @@ from canal_server.api.encoding import encode
 from canal_server.api.errors import ApiError
 from canal_server.api.openapi import MAX_BODY
 from canal_server.api.responses import respond
-from canal_server.embedded import EmbeddedServer
+from canal_server.api.routes_destinations import taker
 
 __all__ = ["BatchLane"]
 
@@ -65,7 +64,7 @@ class BatchLane:
             await self.app(scope, replay, send)
             return
         try:
-            batch, epoch = await lead.call(_taker(lead.client_id, get))
+            batch, epoch = await lead.call(taker(lead.client_id, get))
         except ApiError as err:
             await encode(request, err.body(), err.status, err.headers)(scope, replay, send)
             return
@@ -131,14 +130,3 @@ def _leads(lead: LeaderLookup) -> bool:
     except (ApiError, CanalError):
         return False
     return True
-
-
-def _taker(client: str, get: m.BatchRequest) -> Any:
-    timeout_s, rid = get.timeout_ms / 1000, get.request_id
-
-    def take(s: EmbeddedServer) -> Any:
-        if get.auto_ack:
-            return s.get(client, get.size, timeout_s, rid, get.ack)
-        return s.get_without_ack(client, get.size, timeout_s, rid, get.ack)
-
-    return take

@@ -7,6 +7,7 @@ Each reads its body (if any), runs one EmbeddedServer call on the destination's 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -19,7 +20,7 @@ from canal_server.api.openapi import BatchPath, LayoutQuery, TimeoutQuery, body_
 from canal_server.api.responses import respond
 from canal_server.embedded import EmbeddedServer, Start
 
-__all__ = ["router"]
+__all__ = ["router", "taker"]
 
 BASE = "/v1/destinations/{destination}/clients/{client_id}"
 _TAGS: list[str | enum.Enum] = ["destinations"]
@@ -72,15 +73,20 @@ async def get_batch(request: Request, lead: Lead) -> Response:
     with the same `request_id` answers the batch its first attempt took. `ack: <batch id>`
     acknowledges a processed batch before taking the next (one round trip less)."""
     body = await read_body(request, m.BatchRequest)
-    client, timeout_s, rid = lead.client_id, body.timeout_ms / 1000, body.request_id
+    batch, epoch = await lead.call(taker(lead.client_id, body))
+    return respond(request, batch, epoch=epoch, layout=body.layout)
+
+
+def taker(client: str, body: m.BatchRequest) -> Callable[[EmbeddedServer], Any]:
+    """The get ``body`` asks of ``client``'s leader (the route's and ``lane``'s)."""
+    timeout_s, rid = body.timeout_ms / 1000, body.request_id
 
     def take(s: EmbeddedServer) -> Any:
         if body.auto_ack:
             return s.get(client, body.size, timeout_s, rid, body.ack)
         return s.get_without_ack(client, body.size, timeout_s, rid, body.ack)
 
-    batch, epoch = await lead.call(take)
-    return respond(request, batch, epoch=epoch, layout=body.layout)
+    return take
 
 
 @router.get("/batches/{batch_id}", responses=ok(m.BatchOut))
