@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgpack
 
-from canal_protocol.entry import Entry
+from canal_protocol.entry import Entry, EntryType
 from canal_protocol.positions import LogPosition
 
 __all__ = ["EMPTY_BATCH_ID", "Batch", "PrePacked", "pack_compact_entry"]
@@ -38,6 +38,7 @@ _PACKER = msgpack.Packer(use_bin_type=True)
 _KEYS = {
     k: _PACKER.pack(k) for k in ("type", "header", "is_ddl", "sql", "columns", "before", "after")
 }
+_TYPES = {t: _PACKER.pack(t.value) for t in EntryType}  # ``type`` and its value, packed once
 
 
 class _Packers(threading.local):
@@ -61,7 +62,7 @@ def pack_compact_entry(entry: Entry) -> bytes:
     columns, before, after = packed_parts()
     keys = _KEYS
     return b"".join((
-        b"\x87", keys["type"], pack(entry.type.value),
+        b"\x87", keys["type"], _TYPES[entry.type],
         keys["header"], pack(entry.header.to_wire()),
         keys["is_ddl"], pack(entry.is_ddl), keys["sql"], pack(entry.sql),
         keys["columns"], columns, keys["before"], before, keys["after"], after,
