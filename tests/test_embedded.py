@@ -205,6 +205,26 @@ def test_store_frees_only_what_every_client_acked_and_unsubscribe_releases() -> 
     server.unsubscribe("b")  # idempotent
 
 
+def test_a_latest_subscription_to_a_full_store_lets_the_blocked_reader_go_on() -> None:
+    """Nobody subscribed and the store filled, so the reader's put blocks; a client then
+    subscribes at ``latest``: what lies before its start is freed and the put goes on,
+    else the client waited for entries the reader could never put."""
+    server, store, fac = _server(buffer_size=2)
+    first = _put(store, fac.rows(2))
+    later = fac.rows(3)
+    writer = threading.Thread(target=lambda: store.put(later, IDENTITY), daemon=True)
+    writer.start()
+    assert server.subscribe("c").cursor == position_of(first[-1])
+    got: list[Entry] = []
+    while len(got) < len(later):
+        b = server.get_without_ack("c", 5, timeout_s=WAIT_S)
+        assert not b.is_empty, "the reader's put must go on"
+        got.extend(b.entries)
+        server.ack("c", b.id)
+    writer.join(WAIT_S)
+    assert got == later and not writer.is_alive()
+
+
 def test_backpressure_reader_and_consumer_threads_deliver_everything_in_order() -> None:
     server, store, fac = _server(buffer_size=8)
     server.subscribe("c")

@@ -117,6 +117,22 @@ def test_no_client_frees_nothing_and_new_client_pins_what_is_stored() -> None:
         store.ack("nobody", 1)
 
 
+def test_a_client_registered_after_a_full_store_frees_what_it_passed() -> None:
+    """Nobody subscribed, the store filled: a client registering at the end frees what
+    lies before it and wakes the blocked put (it used to stay blocked for good)."""
+    fac = EntryFactory()
+    store = EventStore("d", buffer_size=2)
+    assert store.put(fac.rows(2), IDENTITY) == 2
+    rest = fac.rows(2)
+    putter, result = _thread(lambda: store.put(rest, IDENTITY, timeout_s=WAIT_S))
+    last = store.last_position
+    assert last is not None and store.register("c", last) == last
+    assert store.stats()[0] == 0 and store.freed_position == last
+    putter.join(WAIT_S)
+    assert result == [2]
+    assert [e.entry for e in store.get(None, 10)] == rest
+
+
 def test_get_long_polls_until_put() -> None:
     fac = EntryFactory()
     store = EventStore("d")

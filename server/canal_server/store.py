@@ -6,7 +6,7 @@ One shared, bounded buffer of ``StoredEvent`` s. Every event gets a sequence num
 bound alone is still admitted when the buffer is empty, so nothing can deadlock.
 
 * ``put`` (the reader's sink thread) blocks while the buffer is full: backpressure,
-  never a drop. It is woken by ``ack`` (and ``unregister``) freeing space.
+  never a drop. It is woken by ``ack``, ``unregister`` and ``register`` freeing space.
 * ``get(after, max_entries, timeout_s)`` returns events after a seq or after a
   LogPosition (``None``: from the first stored event), waiting up to ``timeout_s``
   for the first one. The store keeps no read pointer: the embedded server keeps
@@ -15,9 +15,10 @@ bound alone is still admitted when the buffer is empty, so nothing can deadlock.
 * Several clients share the buffer. Each registered client has an ack seq; an
   event is freed once every registered client has acked it (the store's ack
   sequence is the minimum over clients). A newly registered client pins what is
-  stored now, or only what lies after a given position. With no client registered
-  nothing is freed. ``last_position`` (of the last event put) and ``freed_position``
-  (of the last event freed) stay known after the events are gone.
+  stored now, or only what lies after a given position (what lies before it is freed
+  at once when no other client pins it). With no client registered nothing is freed.
+  ``last_position`` (of the last event put) and ``freed_position`` (of the last event
+  freed) stay known after the events are gone.
 * ``stop`` wakes every waiter with StoreClosed.
 
 Thread-safe: one lock, two conditions (readable, writable); nothing polls.
@@ -220,7 +221,8 @@ class EventStore:
         event (None: nothing was freed). A position: it pins the stored events after
         it; when some of those were freed already, it starts after the last freed
         event instead (that position is returned). A client already registered keeps
-        what it pins (``after`` is returned).
+        what it pins (``after`` is returned). What every registered client has passed
+        is freed, waking a put blocked on a store filled while nobody was registered.
         """
         with self._lock:
             if client in self._acks:
@@ -231,6 +233,7 @@ class EventStore:
                 return freed
             idx = self._index_after_position(after)
             self._acks[client] = self._events[idx - 1].seq if idx > self._head else self._freed
+            self._free()
             return after
 
     def unregister(self, client: str) -> None:
