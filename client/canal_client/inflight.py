@@ -1,12 +1,13 @@
 """Requests the caller can stop waiting for: ``InFlight.run(fn, reason_to_stop)``.
 
 A connector that follows the leader by etcd's watch runs each HTTP exchange through an
-``InFlight``: ``fn`` runs in a daemon worker thread while the caller waits. Each
-``interrupt()`` (the resolver saw the leader change) makes the caller ask
-``reason_to_stop()``; a reason abandons the exchange at once (``Abandoned``): the
-worker finishes it on its own (its answer, if one ever comes, is dropped) and the next
-exchange gets a new worker. So a long poll to a leader that was SIGSTOPped or lost its
-lease ends as soon as the watch names a new leader, not at its HTTP read timeout.
+``InFlight``: ``fn`` runs in a daemon worker thread while the caller waits. The caller
+asks ``reason_to_stop()`` before ``fn`` starts (the leader may have changed since the
+caller picked it) and after each ``interrupt()`` (the resolver saw the leader change);
+a reason abandons the exchange at once (``Abandoned``): the worker finishes it on its
+own (its answer, if one ever comes, is dropped) and the next exchange gets a new
+worker. So a long poll to a leader that was SIGSTOPped or lost its lease ends as soon
+as the watch names a new leader, not at its HTTP read timeout.
 """
 
 from __future__ import annotations
@@ -76,11 +77,17 @@ class InFlight:
             self._cond.notify_all()
 
     def run(self, fn: Callable[[], T], reason_to_stop: Callable[[], str | None]) -> T:
-        """``fn()``'s result (or exception); ``Abandoned`` when, after an interrupt,
-        ``reason_to_stop()`` names a reason (it is called without any lock held)."""
+        """``fn()``'s result (or exception); ``Abandoned`` when ``reason_to_stop()``
+        names a reason (it is called without any lock held): once before ``fn`` starts,
+        for a change that came before this call began to count interrupts (no interrupt
+        would tell of it), then after each interrupt."""
         job: _Job[T] = _Job(fn)
         with self._cond:
             seen = self._interrupts
+        reason = reason_to_stop()
+        if reason is not None:
+            raise Abandoned(reason)  # nothing sent
+        with self._cond:
             worker = self._start_worker()
         worker.jobs.put(job)
         while True:
