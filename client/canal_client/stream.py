@@ -15,7 +15,15 @@ of docs/guarantees.md):
 - ``commit()`` acks the batch yielded last (and every earlier one) now;
 - ``close()`` (the ``with`` block's end) sends the acks of processed batches and rolls
   back everything else: the batch yielded last unless committed, and a prefetched batch
-  the caller never saw; they come again on the next get;
+  the caller never saw; they come again on the next get. A failure of the prefetched
+  get is logged, not raised (its batch, if it took one, comes again); with an error
+  leaving the ``with`` block, a failure of ``close()`` is logged and that error is the
+  one raised;
+- with ``prefetch``, ``close()`` sends its acks and rollbacks from the worker, after
+  the get in flight (it holds the connector), and waits for them at most ``timeout_s +
+  WAIT_MARGIN_S``: past that (a get retrying through an outage) it raises
+  ``ClientError`` saying what it waited for, and the worker still sends them once that
+  get ends;
 - a leader change is the connector's: the get (in flight or not) follows the new
   leader, which rolled back what the old session handed out; an ack of a batch of the
   old session is dropped with a warning (its entries come again);
@@ -26,20 +34,26 @@ of docs/guarantees.md):
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from canal_protocol import Batch
-from canal_protocol.errors import ClientError
+from canal_protocol.errors import CanalError, ClientError
 
 if TYPE_CHECKING:
     from canal_client.connector import Connector
 
-__all__ = ["BatchStream"]
+__all__ = ["WAIT_MARGIN_S", "BatchStream"]
 
 log = logging.getLogger("canal_client")
+
+# How much longer than the gets' timeout_s close() waits for the get in flight and its
+# own acks and rollbacks: the connector's default request_timeout_s, what a long poll's
+# HTTP read may take beyond its timeout.
+WAIT_MARGIN_S = 10.0
 
 
 class BatchStream(Iterator[Batch]):
@@ -93,19 +107,21 @@ class BatchStream(Iterator[Batch]):
 
     def close(self) -> None:
         """Send the acks of processed batches, roll back the rest (see the module
-        docstring); waits for a get in flight (up to its ``timeout_s``)."""
+        docstring); with ``prefetch`` in the worker, after the get in flight, waiting
+        for them at most ``timeout_s + WAIT_MARGIN_S`` (then ``ClientError``)."""
         if self._closed:
             return
         current, self._yielded = self._yielded, None
-        prefetched = self._wait_pending()
-        self._end()
-        ack = self._take_ack()
-        if ack is not None:
-            self._conn.ack(ack)
-        if current is not None:
-            self._conn.rollback(current)  # and the later ones of its session
-        if prefetched is not None and self._conn.outstanding(prefetched.id):
-            self._conn.rollback(prefetched.id)  # e.g. fetched in a session after current's
+        ack, pending, self._pending = self._take_ack(), self._pending, None
+        if self._pool is None:
+            self._end()
+            self._settle(ack, current, None)
+            return
+        settled = self._pool.submit(self._settle, ack, current, pending)
+        self._end()  # the worker still runs what was submitted
+        if not wait([settled], self._timeout_s + WAIT_MARGIN_S).done:
+            raise self._gave_up(ack, current)
+        settled.result()
 
     def __enter__(self) -> BatchStream:
         return self
@@ -116,7 +132,13 @@ class BatchStream(Iterator[Batch]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception as failed:  # the block's own error is the one raised
+            log.warning("%s: closing the stream after %r failed: %s", self._what(), exc, failed)
 
     # -- internals ------------------------------------------------------------------
 
@@ -135,17 +157,60 @@ class BatchStream(Iterator[Batch]):
         assert self._pool is not None
         return self._pool.submit(self._get, self._take_ack())
 
-    def _wait_pending(self) -> Batch | None:
+    def _settle(self, ack: int | None, current: int | None, pending: Future[Batch] | None) -> None:
+        """close()'s acks and rollbacks (in the worker with prefetch, after the get in
+        flight): each is tried, each failure logged, the first one raised."""
+        prefetched = self._prefetched(pending)
+        steps: list[tuple[str, Callable[[], object]]] = []
+        if ack is not None:
+            steps.append((f"ack of batch {ack}", partial(self._conn.ack, ack)))
+        if current is not None:  # and the later ones of its session
+            steps.append((f"rollback of batch {current}", partial(self._conn.rollback, current)))
+        if prefetched is not None:  # e.g. fetched in a session after current's
+            roll_back = partial(self._roll_back_prefetched, prefetched.id)
+            steps.append((f"rollback of the prefetched batch {prefetched.id}", roll_back))
+        first: Exception | None = None
+        for what, step in steps:
+            try:
+                step()
+            except Exception as exc:
+                log.warning("%s: closing the stream: the %s failed: %s", self._what(), what, exc)
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def _prefetched(self, pending: Future[Batch] | None) -> Batch | None:
         """The prefetched batch, once its get ended; None if none or it failed (then
         the ack it carried may be lost: that batch comes again, as after any failure)."""
-        pending, self._pending = self._pending, None
         if pending is None:
             return None
         try:
-            return pending.result()
-        except ClientError as exc:
-            log.info("%s: the prefetched get failed on close: %s", self._conn.destination, exc)
+            batch = pending.result()
+        except CanalError as exc:
+            log.info("%s: the prefetched get failed on close: %s", self._what(), exc)
             return None
+        except Exception:
+            log.warning("%s: the prefetched get failed on close", self._what(), exc_info=True)
+            return None
+        return None if batch.is_empty else batch
+
+    def _roll_back_prefetched(self, batch_id: int) -> None:
+        if self._conn.outstanding(batch_id):
+            self._conn.rollback(batch_id)
+
+    def _gave_up(self, ack: int | None, current: int | None) -> ClientError:
+        acked = f"batch {ack} is acked and " if ack is not None else ""
+        rolled = "the prefetched batch is"
+        if current is not None:
+            rolled = f"batch {current} and the prefetched one are"
+        return ClientError(
+            f"{self._what()}: closing the stream: gave up after "
+            f"{self._timeout_s + WAIT_MARGIN_S:g} s waiting for the get in flight to end; "
+            f"{acked}{rolled} rolled back once it ends (in the stream's worker)"
+        )
+
+    def _what(self) -> str:
+        return f"{self._conn.destination}/{self._conn.client_id}"
 
     def _end(self) -> None:
         self._closed = True
