@@ -14,9 +14,13 @@ callbacks. Per leadership term (a ``_Term``) it owns::
   pins it, the destination starts anew (new origin, ``warning`` in the reader status);
   an acked cursor that pins it fails naming the client and how to unsubscribe it;
 * lost / fenced: stop serving and parsing at once (store closed → waiting long polls
-  end, reader stopped, the sink refuses anything once the monitor no longer vouches
-  for the epoch), forget the memory position of the thrown-away store, final meta
-  flush (fenced: only lands while the epoch is still valid).
+  end, reader stopped, the sink refuses anything once the monitor names another
+  epoch), forget the memory position of the thrown-away store, final meta flush
+  (fenced: only lands while the epoch is still valid);
+* unconfirmed (``leader_epoch()`` None, the same epoch may come back: a keepalive sent
+  before the fencing deadline and answered after it): the sink pauses, putting
+  nothing, reader state ``paused``, until confirmed again (reading on) or the term
+  ends; after ``election.ttl_s`` it reports the epoch fenced and ends.
 
 ``serving()`` gives the EmbeddedServer only while the term is ready AND the monitor
 still confirms its epoch, so a leader that fenced itself answers 503 at once.
@@ -108,6 +112,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 FATAL_RETRY_S = 10.0  # purged / misconfigured binlog: retry slowly, the operator must act
+PAUSE_STEP_S = 0.05  # how often a reader paused on an unconfirmed epoch asks again
 BINLOG_END_TTL_S = 1.0
 BINLOG_END_TIMEOUT_S = 1  # connect/read timeout of the SHOW MASTER STATUS query
 
@@ -124,7 +129,7 @@ class ReaderStatus:
     """What the reader of the current term is doing; ``error`` is for operators, and so
     is ``warning`` (the term went on in a way that may have skipped changes)."""
 
-    state: str = "idle"  # idle | finding | running | retrying | failed
+    state: str = "idle"  # idle | finding | running | paused | retrying | failed
     error: str = ""
     error_type: str = ""
     start: dict[str, Any] | None = None
@@ -305,14 +310,53 @@ class _Term:
 
     def _sink_guard(self, inst: Instance) -> Any:
         def sink(entries: Sequence[Entry]) -> None:
-            monitor = inst.monitor
-            if self.stop.is_set() or (monitor is not None and monitor.leader_epoch() != self.epoch):
-                raise StoreClosed(f"{inst.config.name}: epoch {self.epoch} ended")
+            if not self._vouched(inst):
+                self._paused(inst)
             self.sink.sink(entries, self.reader.identity)
             if inst.metrics is not None:
                 inst.metrics.parsed(entries)
 
         return sink
+
+    def _vouched(self, inst: Instance) -> bool:
+        """The monitor confirms this term's epoch now; False: not right now (no epoch);
+        StoreClosed once the term is stopped or the monitor names another epoch."""
+        monitor = inst.monitor
+        epoch = self.epoch if monitor is None else monitor.leader_epoch()
+        if self.stop.is_set() or (epoch is not None and epoch != self.epoch):
+            raise StoreClosed(f"{inst.config.name}: epoch {self.epoch} ended")
+        return epoch is not None
+
+    def _paused(self, inst: Instance) -> None:
+        """Wait, putting nothing, until the epoch is confirmed again: a keepalive sent
+        before the fencing deadline and answered after it extends the same epoch, with
+        no ``on_lost`` (``reader.state`` is ``paused`` meanwhile). Past
+        ``election.ttl_s`` that keepalive has ended long ago: report the epoch fenced
+        (the monitor steps down) and end with StoreClosed; also when the term ends."""
+        assert inst.monitor is not None
+        ttl_s = inst.monitor.config.ttl_s
+        running, since = self.status, time.monotonic()
+        self.set_status("paused", _unconfirmed(self.epoch, ttl_s), start=running.start)
+        log.warning("%s: %s", inst.name, self.status.error)
+        try:
+            while not self._vouched(inst):
+                if time.monotonic() - since >= ttl_s:
+                    self._give_up(inst, ttl_s)
+                self.stop.wait(PAUSE_STEP_S)
+        except StoreClosed:
+            if self.status.state == "paused":  # the term ended: the reader had no fault
+                self.status = running
+            raise
+        self.status = running
+        log.info("%s: epoch %d confirmed again, reading on", inst.name, self.epoch)
+
+    def _give_up(self, inst: Instance, ttl_s: float) -> None:
+        error = f"epoch {self.epoch} was not confirmed again within election.ttl_s ({ttl_s:g}s)"
+        self.set_status("failed", f"{error}: stepped down", start=self.status.start)
+        log.error("%s: %s, stepping down", inst.name, error)
+        assert inst.monitor is not None
+        inst.monitor.report_fenced(self.epoch)
+        raise StoreClosed(f"{inst.name}: {error}")
 
 
 class Instance:
@@ -663,6 +707,15 @@ class Instance:
             f"({clients}) miss the changes before it"
         )
         log.error("%s: %s (epoch %d)", self.name, term.warning, term.epoch)
+
+
+def _unconfirmed(epoch: int, ttl_s: float) -> str:
+    return (
+        f"epoch {epoch} is not confirmed by the election right now (its fencing deadline "
+        f"passed; a keepalive to etcd still under way may extend it): nothing is read into "
+        f"the store until it is confirmed again; stepping down if it is not within "
+        f"election.ttl_s ({ttl_s:g}s)"
+    )
 
 
 def _switched_after(reader: BinlogReader | LocalBinlogReader, exc: Exception) -> bool:
