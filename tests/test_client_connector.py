@@ -266,6 +266,16 @@ def test_errors_are_typed() -> None:
         assert err.value.field == "size"
 
 
+def test_a_refused_ack_is_not_sent_again_by_the_next_get() -> None:
+    fake = cluster()
+    with simple(fake) as conn:
+        conn.subscribe()
+        with pytest.raises(UnknownBatch):
+            conn.get_without_ack(1, 0, ack=42)  # never issued: nothing taken
+        assert ids(conn.get_without_ack(1, 0)) == [0]
+        assert conn.last_ack_taken is None
+
+
 def test_401_is_unauthorized_and_not_retried() -> None:
     import httpx
 

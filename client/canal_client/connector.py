@@ -27,7 +27,12 @@ Rules:
   while nothing failed nothing is delivered twice. A retried get carries the same
   ``request_id`` (the server answers the batch the lost attempt took, never the next
   one); a retried ack or rollback whose batch is no longer outstanding was done by the
-  lost attempt;
+  lost attempt. A get that raises all the same (its policy or ``set_deadline`` gave up,
+  an answer it could not read, an interrupt) leaves its ``request_id`` to the next get,
+  which is its retry: a batch its lost attempt took is answered then, not skipped (and
+  acked unseen by the ack after it). Every attempt of a request id carries the same
+  ``ack``; a greater one goes on its own first (the leader answers a retried request id
+  without acking anything more);
 - with an etcd resolver every exchange runs in a worker thread (``InFlight``): when the
   watch names another leader (or none) while a request waits on the old one, the
   request is abandoned at once and the call goes on with the new leader; a late answer
@@ -173,6 +178,7 @@ class Connector:
         self._suspended: _Session | None = None  # the session a transport failure paused
         self._rid_prefix = uuid.uuid4().hex[:12]
         self._rids = itertools.count(1)
+        self._unanswered: tuple[str, int | None] | None = None  # request id, its ack
         self._acks_on_get = True  # False once a server refused `ack` on a get (older)
         self._ack_taken: bool | None = None  # the fate of the last get's ack (last_ack_taken)
         self._inflight: InFlight | None = None
@@ -350,8 +356,10 @@ class Connector:
         empty: B | None = None,
     ) -> B:
         """``_get`` with ``ack`` on the request; a server that does not know the field
-        (older) or an inactive consumer gets a separate ``ack()`` first."""
-        if ack is None or (self._acks_on_get and (self._gate is None or self._gate.is_active())):
+        (older), an inactive consumer or an ack that cannot ride on the retry of an
+        unanswered get (``_ack_rides``) gets a separate ``ack()`` first."""
+        active = self._gate is None or self._gate.is_active()
+        if ack is None or (self._acks_on_get and active and self._ack_rides(ack)):
             try:
                 return self._get(size, timeout_s, auto_ack, decode, empty, ack)
             except InvalidArgument as exc:
@@ -361,9 +369,27 @@ class Connector:
                          self.destination, self.client_id, exc)  # fmt: skip
                 self._acks_on_get = False
         taken = self.ack(ack)  # a separate ack first
-        batch = self._get(size, timeout_s, auto_ack, decode, empty)
+        carry = taken and self._acks_on_get and self._unanswered is not None
+        batch = self._get(size, timeout_s, auto_ack, decode, empty, ack if carry else None)
         self._ack_taken = taken
         return batch
+
+    def _ack_rides(self, ack: int) -> bool:
+        """Whether ``ack`` can go on the next get: not above the ack of an unanswered get,
+        whose request id that get re-sends (the leader answers the batch it took and acks
+        nothing more: only what its attempts carried)."""
+        lost = self._unanswered
+        return lost is None or (lost[1] is not None and ack <= lost[1])
+
+    def _request_id(self, ack: int | None) -> tuple[str, int | None]:
+        """The request id of a get and the ack it carries: an unanswered get's (its
+        attempts may have taken a batch; they carried its ack, which only grows), else new.
+        The get is unanswered until ``_get`` has its batch."""
+        rid, carried = self._unanswered or (f"{self._rid_prefix}-{next(self._rids)}", None)
+        if carried is not None and self._acks_on_get:
+            ack = carried if ack is None else max(ack, carried)
+        self._unanswered = (rid, ack)
+        return rid, ack
 
     @property
     def last_ack_taken(self) -> bool | None:
@@ -475,19 +501,21 @@ class Connector:
     ) -> B:
         """A batch, made by ``decode`` (default: the ``Batch`` model); ``empty`` when none.
         With ``ack``, that batch is acknowledged by the same request (dropped with a
-        warning when an earlier session fetched it, as ``ack`` does)."""
+        warning when an earlier session fetched it, as ``ack`` does). The request id is
+        the one of an unanswered get, if any (``_request_id``)."""
         _check_get(size, timeout_s)
         make: Callable[[Reply], Any] = decode or _as_model
         none: Any = Batch.empty() if empty is None else empty
         if self._gate is not None and not self._gate.wait_active(timeout_s):
             return cast(B, none)
-        body = {
-            "size": size, "timeout_ms": int(timeout_s * 1000), "auto_ack": auto_ack,
-            "layout": "compact", "request_id": f"{self._rid_prefix}-{next(self._rids)}",
-        }  # fmt: skip
         packed = decode is _as_packed
         self._ack_taken = None
         with self._lock:
+            rid, ack = self._request_id(ack)
+            body = {
+                "size": size, "timeout_ms": int(timeout_s * 1000), "auto_ack": auto_ack,
+                "layout": "compact", "request_id": rid,
+            }  # fmt: skip
             acked: list[bool] = []  # the last attempt's: did its request carry the ack
 
             def op(session: _Session) -> tuple[Any, _Session]:
@@ -505,33 +533,42 @@ class Connector:
                 batch, session = self._call("get_without_ack", op)
             except _Inactive:
                 return cast(B, none)
+            except UnknownBatch:  # the ack was never issued: refused, nothing taken
+                self._unanswered = (rid, None)
+                raise
+            self._unanswered = None
             if ack is not None:
                 self._ack_taken = acked == [True]
                 self._forget_batches("ack", ack)
-            if batch.id < 0:
-                return cast(B, batch)
-            if self._gate is not None and (
-                not self._gate.is_active() or self._gate.generation != session.gate_gen
-            ):
-                log.warning(
-                    "%s/%s: dropped batch %d: no longer the active consumer",
-                    self.destination,
-                    self.client_id,
-                    batch.id,
-                )
-                return cast(B, none)
-            if not auto_ack:
-                self._batches[batch.id] = session.gen
-            log.debug(
-                "%s/%s: batch %d (%d entries) from %s epoch %s",
+            return cast(B, self._handed_out(batch, session, auto_ack, none))
+
+    def _handed_out(self, batch: B, session: _Session, auto_ack: bool, none: B) -> B:
+        """``batch`` as the get returns it: recorded as outstanding in ``session``;
+        ``none`` when this consumer lost the active role meanwhile."""
+        if batch.id < 0:
+            return batch
+        if self._gate is not None and (
+            not self._gate.is_active() or self._gate.generation != session.gate_gen
+        ):
+            log.warning(
+                "%s/%s: dropped batch %d: no longer the active consumer",
                 self.destination,
                 self.client_id,
                 batch.id,
-                len(batch.entries),
-                session.url,
-                session.epoch,
             )
-            return cast(B, batch)
+            return none
+        if not auto_ack:
+            self._batches[batch.id] = session.gen
+        log.debug(
+            "%s/%s: batch %d (%d entries) from %s epoch %s",
+            self.destination,
+            self.client_id,
+            batch.id,
+            len(batch.entries),
+            session.url,
+            session.epoch,
+        )
+        return batch
 
     def _finish_batch(self, what: str, batch_id: int, path: str) -> bool:
         with self._lock:
