@@ -6,12 +6,14 @@ import logging
 import ssl
 import subprocess
 import sys
-from typing import Any
+from typing import Any, cast
 
+import httpx
 import pytest
 from client_fixtures import FakeCluster, entry_wire
 
 from canal_client.connector import ClusterConnector, Connector, SimpleConnector
+from canal_client.exclusive import ActiveGate
 from canal_client.resolver import Leader, LeaderResolver, StaticResolver
 from canal_client.wire import HttpChannel, tls_context
 from canal_cluster.retry import RetryPolicy
@@ -277,8 +279,6 @@ def test_a_refused_ack_is_not_sent_again_by_the_next_get() -> None:
 
 
 def test_401_is_unauthorized_and_not_retried() -> None:
-    import httpx
-
     def deny(request: httpx.Request) -> httpx.Response:
         return httpx.Response(401, json={"error": "unauthorized", "message": "token"})
 
@@ -320,3 +320,56 @@ def test_channels_share_one_tls_context(monkeypatch: pytest.MonkeyPatch) -> None
     for _ in range(3):
         HttpChannel().close()
     assert made == []
+
+
+class BlippingGate:
+    """An ``ActiveGate`` stand-in: always active; ``blip()`` is the role lost and
+    regained (a client lease blip): ``generation`` grows."""
+
+    generation = 0
+
+    def blip(self) -> None:
+        self.generation += 1
+
+    def check_access(self) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def is_active(self) -> bool:
+        return True
+
+    def wait_active(self, timeout_s: float) -> bool:
+        return True
+
+
+def test_a_batch_the_leader_acked_is_kept_when_the_gate_blips_during_the_get() -> None:
+    """get() (auto ack) while the active role is lost and regained: the leader acked the
+    batch, so only this caller can have it; get_without_ack drops its batch (the next
+    session rolls it back: it comes again)."""
+    fake = cluster()
+    gate = BlippingGate()
+
+    blips = [1, 1]  # during the next two gets
+
+    def blip_on_get(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and request.url.path.endswith("/batches") and blips:
+            gate.blip()
+            blips.pop()
+        return fake.handle(request)
+
+    transport = httpx.MockTransport(blip_on_get)
+    gated = cast(ActiveGate, gate)
+    conn = Connector(
+        "example", "1001", StaticResolver([A]), retry=FAST, transport=transport, gate=gated
+    )
+    with conn:
+        conn.subscribe()
+        assert ids(conn.get(3, 0)) == [0, 1, 2]
+        assert fake.cursor == 3
+        assert conn.get_without_ack(3, 0).is_empty  # no longer the active consumer's
+        assert ids(conn.get_without_ack(3, 0)) == [3, 4, 5]  # rolled back, comes again

@@ -39,7 +39,9 @@ Rules:
   of the deposed leader is dropped, and any answer with a lower epoch than one seen is
   refused (``StaleLeader``);
 - with an ``ActiveGate`` (ClientRunningMonitor) only the active consumer opens a
-  session; the others wait in ``get_without_ack`` (returning empty batches);
+  session; the others wait in ``get_without_ack`` (returning empty batches). A batch
+  that came while the role was lost is dropped (whoever is active next rolls it back),
+  except one the leader acked at once (``get``): nobody else would receive it;
 - each leader change followed is logged on the ``canal_client`` logger with the
   destination, client id, old and new leader URL and epoch;
 - bounded waits: with ``connect_timeout_s``, ``connect()`` gives up (``RetryExhausted``,
@@ -544,11 +546,14 @@ class Connector:
 
     def _handed_out(self, batch: B, session: _Session, auto_ack: bool, none: B) -> B:
         """``batch`` as the get returns it: recorded as outstanding in ``session``;
-        ``none`` when this consumer lost the active role meanwhile."""
+        ``none`` when this consumer lost the active role meanwhile (the next active one
+        rolls it back), unless the leader acked it (``auto_ack``): nobody else gets it."""
         if batch.id < 0:
             return batch
-        if self._gate is not None and (
-            not self._gate.is_active() or self._gate.generation != session.gate_gen
+        if (
+            not auto_ack
+            and self._gate is not None
+            and (not self._gate.is_active() or self._gate.generation != session.gate_gen)
         ):
             log.warning(
                 "%s/%s: dropped batch %d: no longer the active consumer",
