@@ -322,6 +322,29 @@ def test_channels_share_one_tls_context(monkeypatch: pytest.MonkeyPatch) -> None
     assert made == []
 
 
+def test_an_id_a_new_leader_issues_again_does_not_take_the_ack_of_the_old_batch() -> None:
+    """A new leader issues again the ids its predecessor never flushed. The caller still
+    holds the old leader's batch with such an id (a stream's prefetch fetched the next
+    batch meanwhile): its ack is dropped, it must not ack the new batch, unseen."""
+    fake = cluster()
+    with servers(fake) as conn:
+        conn.subscribe()
+        first = conn.get_without_ack(2, 0)
+        held = conn.get_without_ack(2, 0, ack=first.id)  # the caller works on it
+        assert (held.id, fake.cursor) == (2, 2)
+        fake.new_leader(B, 9)  # A dies before flushing batch id 2: B issues it again
+        fake.down.add(A)
+        fake.next_batch = 2
+        fetched = conn.get_without_ack(2, 0)  # the prefetch follows B
+        assert ids(fetched) == [2, 3]  # from the cursor: what `held` held
+        sent = len(fake.bodies)
+        later = conn.get_without_ack(2, 0, ack=held.id)  # `held` processed
+        assert conn.last_ack_taken is False  # a batch of the old session: dropped
+        assert fake.cursor == 2  # `fetched` is not acked unseen
+        assert not any(isinstance(b, dict) and "ack" in b for b in fake.bodies[sent:])
+        assert conn.ack(later.id) is True and fake.cursor == 6
+
+
 class BlippingGate:
     """An ``ActiveGate`` stand-in: always active; ``blip()`` is the role lost and
     regained (a client lease blip): ``generation`` grows."""

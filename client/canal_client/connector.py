@@ -20,7 +20,9 @@ Rules:
 - batches belong to the session that fetched them. ``ack``/``rollback`` of a batch of
   an earlier session are dropped with a warning: the reconnect rolled it back and its
   entries come again (duplicates are bounded by the unacked batches plus the acks the
-  old leader had not yet flushed);
+  old leader had not yet flushed). A new leader may issue again an id its predecessor
+  never flushed: a batch whose id is still held by a batch of an earlier session is
+  rolled back at once and fetched again under the next id, so an id names one batch;
 - a transport failure (timeout, reset) *suspends* the session instead of ending it:
   when the next attempt finds the same leader in the same epoch (etcd's record, or the
   epoch of the re-subscribe's answer), the session resumes without a rollback, so
@@ -54,6 +56,7 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -538,11 +541,50 @@ class Connector:
             except UnknownBatch:  # the ack was never issued: refused, nothing taken
                 self._unanswered = (rid, None)
                 raise
-            self._unanswered = None
             if ack is not None:
                 self._ack_taken = acked == [True]
                 self._forget_batches("ack", ack)
+            if not auto_ack and self._reissued(batch.id, session):
+                self._unanswered = (rid, None)  # answered (its ack done): unanswered again
+                return self._get_again(batch.id, session, size, timeout_s, decode, empty)
+            self._unanswered = None
             return cast(B, self._handed_out(batch, session, auto_ack, none))
+
+    def _reissued(self, batch_id: int, session: _Session) -> bool:
+        """An earlier session handed out a batch with this id, which the caller may still
+        ack or roll back: a new leader issues again ids its predecessor never flushed."""
+        gen = self._batches.get(batch_id)
+        return gen is not None and gen != session.gen
+
+    def _get_again(
+        self,
+        batch_id: int,
+        session: _Session,
+        size: int,
+        timeout_s: float,
+        decode: Callable[[Reply], B] | None,
+        empty: B | None,
+    ) -> B:
+        """Batch ``batch_id`` of ``session`` is ``_reissued``: roll it back and get the
+        next batch (the same entries under a new id), so that an ack or rollback of the
+        earlier session's batch is dropped as such, never taken for this one."""
+        log.info(
+            "%s/%s: batch %d from %s (epoch %s) reuses the id of a batch of an earlier "
+            "session: rolled back, getting it again under a new id",
+            self.destination, self.client_id, batch_id, session.url, session.epoch,
+        )  # fmt: skip
+        path = f"{self._base()}/batches/{batch_id}/rollback"
+
+        def give_back(now: _Session) -> None:
+            if now is session:  # else the new session rolled everything back on connect
+                self._request(now, "POST", path)
+
+        with contextlib.suppress(UnknownBatch, _Inactive):  # rolled back by an attempt
+            self._call("rollback", give_back)  # whose answer was lost; by the next active
+        taken = self._ack_taken
+        batch = self._get(size, timeout_s, False, decode, empty)
+        self._ack_taken = taken
+        return batch
 
     def _handed_out(self, batch: B, session: _Session, auto_ack: bool, none: B) -> B:
         """``batch`` as the get returns it: recorded as outstanding in ``session``;
