@@ -6,6 +6,7 @@ EmbeddedServer, with ``Snapshots`` wired to the sink like a node's term. ``Appli
 applies a client's batches in order (READ/INSERT upsert, UPDATE upsert of the after
 image (the before key deleted when the key changed), DELETE delete) into a dict.
 ``Writers`` hammer a table's keys with updates, deletes and inserts in threads.
+``WatchedCondition`` is a sink's condition that tells when the snapshot runner waits on it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from canal_server.sink import EventSink
 from canal_server.snapshot import Snapshots, SnapshotTerm
 from canal_server.store import EventStore
 
-__all__ = ["WAIT_S", "Applier", "SnapshotPipeline", "Writers", "table_rows"]
+__all__ = ["WAIT_S", "Applier", "SnapshotPipeline", "WatchedCondition", "Writers", "table_rows"]
 
 WAIT_S = 120.0
 Row = dict[str, Value]
@@ -51,6 +52,7 @@ class SnapshotPipeline:
         meta: MemoryMetaManager | None = None,
         regex: str = "",
         section: SnapshotSection | None = None,
+        transaction_size: int = 1024,
     ) -> None:
         self.primary = primary
         self.dest = dest
@@ -58,7 +60,10 @@ class SnapshotPipeline:
         self.meta = meta if meta is not None else MemoryMetaManager(dest)
         self.positions = MemoryLogPositionManager()
         self.sink = EventSink(dest, EventFilter(regex), self.store, self.positions)
-        config = ReaderConfig(master=primary.dsn(), slave_id=slave_id, destination=dest)
+        config = ReaderConfig(
+            master=primary.dsn(), slave_id=slave_id, destination=dest,
+            transaction_size=transaction_size,
+        )  # fmt: skip
         self.reader = BinlogReader(config, lambda es: self.sink.sink(es, self.reader.identity))
         self.server = EmbeddedServer(dest, self.store, self.meta)
         section = section or SnapshotSection(chunk_rows=chunk_rows)
@@ -122,6 +127,20 @@ class SnapshotPipeline:
             return last is not None and last.position.sort_key >= target
 
         wait_until(sunk, "reader caught up with the primary", WAIT_S)
+
+
+class WatchedCondition(threading.Condition):
+    """A sink's ``cond`` whose ``runner_waits`` is set whenever the snapshot runner (a
+    thread named ``snapshot ...``) waits on it: it declined to put its chunk for now."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runner_waits = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if threading.current_thread().name.startswith("snapshot "):
+            self.runner_waits.set()
+        return super().wait(timeout)
 
 
 class Applier:

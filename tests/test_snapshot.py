@@ -5,22 +5,31 @@ snapshot; bad input; cancel; a resume from the marks (a new term) after a lost t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 from reader_fixtures import db  # noqa: F401  (fixture)
-from snapshot_fixtures import WAIT_S, Applier, SnapshotPipeline, Writers, table_rows
+from snapshot_fixtures import (
+    WAIT_S,
+    Applier,
+    SnapshotPipeline,
+    WatchedCondition,
+    Writers,
+    table_rows,
+)
 
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
-from canal_protocol.entry import EntryType, EventType
+from canal_protocol.entry import Entry, EntryType, EventType
 from canal_protocol.errors import (
     InvalidArgument,
     SnapshotConflict,
     UnknownSnapshot,
     UnknownTable,
 )
+from canal_protocol.positions import LogIdentity
 from canal_server.config import SnapshotSection
 from canal_server.meta import MemoryMetaManager
 from canal_server.parse.snapshot import ChunkReader, NoSnapshotKey
@@ -242,6 +251,59 @@ def test_a_new_term_resumes_from_the_marks_at_the_min_cursor(primary: Any) -> No
     finally:
         pipe2.stop()
     assert consumer.tables[f"{DB}.t"] == table_rows(primary, DB, "t")
+
+
+def test_a_chunk_is_not_put_inside_a_transaction_read_in_pieces(
+    primary: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader puts a transaction in pieces (transaction_size 2) and has put the first
+    one when a chunk whose position it passed is ready: the chunk goes after the
+    transaction's END, not between its pieces (nested BEGINs, positions going back)."""
+    primary.execute(f"CREATE TABLE {DB}.big (id INT PRIMARY KEY)")
+    pipe = SnapshotPipeline(primary, "snap7", 7409, chunk_rows=KEYS * 2, transaction_size=2)
+    cond = pipe.sink.cond = WatchedCondition()
+    first_piece = threading.Event()
+    real_sink, real_read = pipe.sink.sink, ChunkReader.read
+
+    def chunk_put() -> bool:
+        return any(e.entry.header.event_type is EventType.READ for e in pipe.store.get(None, 10**6))
+
+    def sink(entries: Sequence[Entry], identity: LogIdentity) -> None:
+        real_sink(entries, identity)
+        if entries[0].type is EntryType.TRANSACTIONBEGIN and not first_piece.is_set():
+            assert entries[-1].type is not EntryType.TRANSACTIONEND
+            cond.runner_waits.clear()
+            first_piece.set()  # hold the rest until the runner waits or has put its chunk
+            wait_until(lambda: cond.runner_waits.is_set() or chunk_put(),
+                       "the snapshot runner waits or puts its chunk", WAIT_S)  # fmt: skip
+
+    def read_then_write(self: ChunkReader, shape: Any, after: Any, limit: int) -> Any:
+        chunk = real_read(self, shape, after, limit)
+        if not first_piece.is_set():  # the first chunk: a large transaction after its P
+            primary.execute(f"INSERT INTO {DB}.big SELECT seq FROM {DB}.seq_1_to_5000")
+            wait_until(first_piece.is_set, "the reader put the transaction's first piece",
+                       WAIT_S)  # fmt: skip
+        return chunk
+
+    monkeypatch.setattr(pipe.sink, "sink", sink)
+    monkeypatch.setattr(ChunkReader, "read", read_then_write)
+    pipe.start()
+    try:
+        consumer = Applier(pipe.server, "c", {f"{DB}.t": ("id",), f"{DB}.big": ("id",)})
+        run = pipe.snapshots.create([f"{DB}\\.t"])
+        pipe.wait_done(run["id"])
+        pipe.wait_sunk()
+        consumer.drain()
+    finally:
+        pipe.stop()
+    positions = [e.position().sort_key for e in consumer.entries]
+    assert positions == sorted(positions)
+    depth = 0
+    for e in consumer.entries:
+        depth += {EntryType.TRANSACTIONBEGIN: 1, EntryType.TRANSACTIONEND: -1}.get(e.type, 0)
+        assert depth in (0, 1), "a BEGIN inside a transaction"
+    assert consumer.tables[f"{DB}.t"] == table_rows(primary, DB, "t")
+    assert len(consumer.tables[f"{DB}.big"]) == 5000
 
 
 def test_changes_between_a_chunk_and_its_emission_win(

@@ -24,10 +24,13 @@ class EventSink:
     are not read again after a restart. Blocks while the store is full.
 
     Incremental snapshots (``canal_server.snapshot``) put their chunks through the same
-    store: ``cond`` is held for every put, so a chunk never lands inside a transaction;
-    ``last`` / ``last_gtid`` are the position and GTID state of the last transaction
-    boundary put (or where the reader started: ``reached``); ``tap`` sees every raw
-    entry, before the filter, to record the keys a snapshot must not overwrite.
+    store: ``cond`` is held for every put, and a chunk is put only while
+    ``in_transaction`` is False (a transaction larger than the reader's
+    ``transaction_size`` comes in pieces, and ``cond`` is free between them), so a chunk
+    never lands inside a transaction; ``last`` / ``last_gtid`` are the position and GTID
+    state of the last transaction boundary put (or where the reader started:
+    ``reached``), notified on ``cond``; ``tap`` sees every raw entry, before the filter,
+    to record the keys a snapshot must not overwrite.
     """
 
     def __init__(
@@ -46,6 +49,11 @@ class EventSink:
         self.last: LogPosition | None = None
         self.last_gtid = ""
         self.tap: Callable[[Sequence[Entry]], None] | None = None
+
+    @property
+    def in_transaction(self) -> bool:
+        """A transaction's first pieces are put and its END is not (read under ``cond``)."""
+        return self._in_transaction
 
     def sink(self, entries: Sequence[Entry], identity: LogIdentity) -> None:
         if not entries:

@@ -9,7 +9,8 @@ order (``canal_server.parse.snapshot.ChunkReader``):
 2. the chunk is read in a consistent snapshot whose binlog position P is exact: the
    SELECT sees precisely the transactions committed at or before P;
 3. under the sink's lock (no binlog put in between), once the reader's last
-   transaction boundary R is at or past P, the rows whose key a change in the binlog
+   transaction boundary R is at or past P and no transaction is half put (one larger
+   than ``transaction_size`` comes in pieces), the rows whose key a change in the binlog
    touched since step 1 are dropped (that change carried the full row: the consumer
    already has a newer state) and the rest are put as READ entries positioned after R
    (``EntryPosition.snapshot`` = 1, 2, ...), wrapped in TRANSACTIONBEGIN/END.
@@ -741,9 +742,9 @@ class _Runner:
     def _emit(
         self, run: SnapshotRun, shape: TableShape, chunk: Chunk, identity: LogIdentity
     ) -> LogPosition | None:
-        """Wait until the reader passed the chunk's position, then put it (see the module
-        doc); the position of its last entry (or of the reader, if every row was
-        dropped), None when the chunk is void."""
+        """Wait until the reader passed the chunk's position and is between two
+        transactions, then put it (see the module doc); the position of its last entry
+        (or of the reader, if every row was dropped), None when the chunk is void."""
         term, sink = self.term, self.term.sink
         target = (journal_seq(chunk.journal), chunk.offset, 0, 0)
         since = time.monotonic()
@@ -752,23 +753,34 @@ class _Runner:
             with sink.cond:
                 if term.stop.is_set() or not term.vouched():
                     raise StoreClosed("term ended")
-                if not self.owner.still_active(run):
+                if not self.owner.still_active(run) or self._switched(identity):
                     self.tap.take(shape.full_name)
-                    return None
-                last = sink.last
-                if last is not None and not last.identity.same_source(identity):
-                    if not term.identity().same_source(identity):
-                        self.tap.take(shape.full_name)
-                        return None  # the reader switched source: read from the new one
-                elif last is not None and (
-                    last.position.sort_key >= target
-                    or (gtid_at is not None and _covers(sink.last_gtid, gtid_at))
-                ):
-                    return self._put(shape, chunk, last, sink)
+                    return None  # cancelled, or the reader switched: read from the new one
+                if self._passed(identity, target, gtid_at):
+                    assert sink.last is not None
+                    return self._put(shape, chunk, sink.last, sink)
                 sink.cond.wait(0.2)
             if gtid_at is None and time.monotonic() - since > _STALL_S:
                 # nothing but non-transaction events (a rotation) may lie before P
                 gtid_at = self._source().gtid_state_at(chunk.journal, chunk.offset)
+
+    def _switched(self, identity: LogIdentity) -> bool:
+        """Under the sink's lock: the reader reads another source than the chunk's."""
+        last = self.term.sink.last
+        if last is None or last.identity.same_source(identity):
+            return False
+        return not self.term.identity().same_source(identity)
+
+    def _passed(self, identity: LogIdentity, target: tuple[Any, ...], gtid_at: str | None) -> bool:
+        """Under the sink's lock: the reader's last transaction boundary is at or after
+        the chunk's P (``target``), and no transaction is half put (a transaction larger
+        than ``transaction_size`` comes in pieces: the chunk goes after its END)."""
+        sink = self.term.sink
+        last = sink.last
+        if last is None or sink.in_transaction or not last.identity.same_source(identity):
+            return False
+        covered = gtid_at is not None and _covers(sink.last_gtid, gtid_at)
+        return last.position.sort_key >= target or covered
 
     def _put(
         self, shape: TableShape, chunk: Chunk, at: LogPosition, sink: EventSink

@@ -1,0 +1,173 @@
+"""The snapshot runner's logic, with a stand-in for the database (``FakeTables``) and the
+real sink, store and meta: a chunk never lands inside a transaction the reader puts in
+pieces."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, cast
+
+import pytest
+from serving_fixtures import IDENTITY, EntryFactory
+from snapshot_fixtures import WatchedCondition
+
+import canal_server.snapshot as snapshot_module
+from canal_cluster.retry import wait_until
+from canal_protocol.entry import Entry, EntryType, EventType, TableColumns, Value
+from canal_protocol.positions import EntryPosition, LogPosition
+from canal_server.config import SnapshotSection
+from canal_server.filter import EventFilter
+from canal_server.meta import MemoryMetaManager
+from canal_server.parse.logposition import MemoryLogPositionManager, MetaLogPositionManager
+from canal_server.parse.snapshot import Chunk, TableShape
+from canal_server.sink import EventSink
+from canal_server.snapshot import SnapshotRun, Snapshots, SnapshotTerm
+from canal_server.store import EventStore
+
+DEST = "runner"
+JOURNAL = "mariadb-bin.000001"
+R = 1000  # the binlog position every chunk is read at, and where the reader is
+WAIT_S = 30.0
+Key = tuple[Value, ...]
+
+
+class FakeTables:
+    """ChunkReader's stand-in: tables ``db.<name>`` of INT keys 1..n (one column ``id``);
+    every chunk is read at binlog position (JOURNAL, R)."""
+
+    def __init__(self, rows: Mapping[str, int]) -> None:
+        self.rows = dict(rows)
+        self.source_address = IDENTITY.source_address
+
+    def __call__(self, dsn: Mapping[str, Any]) -> FakeTables:  # the constructor
+        return self
+
+    def __enter__(self) -> FakeTables:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def tables(self) -> list[tuple[str, str, str]]:
+        return [(s, t, "InnoDB") for s, _, t in (n.partition(".") for n in self.rows)]
+
+    def select_denied(self, schema: str, table: str) -> str | None:
+        return None
+
+    def shape(self, schema: str, table: str) -> TableShape:
+        columns = TableColumns(("id",), ("int",), (True,))
+        return TableShape(schema, table, columns, ("id",), (0,), ("int",), ("`id`",), ())
+
+    def read(self, shape: TableShape, after: Key | None, limit: int) -> Chunk:
+        first = 1 if after is None else cast(int, after[0]) + 1
+        last = min(self.rows[shape.full_name], first + limit - 1)
+        keys: tuple[Key, ...] = tuple((k,) for k in range(first, last + 1))
+        return Chunk(JOURNAL, R, keys, keys, keys[-1] if keys else None)
+
+    def gtid_state_at(self, journal: str, offset: int) -> str:
+        return ""
+
+
+def at(offset: int, snapshot: int = 0) -> LogPosition:
+    return LogPosition(IDENTITY, EntryPosition(JOURNAL, offset, 1, "0-1-1", snapshot=snapshot))
+
+
+class Term:
+    """One leadership term of destination ``DEST``: sink, store, the snapshots' runner."""
+
+    def __init__(
+        self,
+        meta: MemoryMetaManager,
+        *,
+        chunk_rows: int = 10,
+        buffer_size: int = 10_000,
+        vouched: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.meta = meta
+        self.store = EventStore(DEST, buffer_size)
+        self.sink = EventSink(DEST, EventFilter(""), self.store, MemoryLogPositionManager())
+        self.sink.cond = WatchedCondition()
+        self.snapshots = Snapshots(DEST, SnapshotSection(chunk_rows=chunk_rows), meta,
+                                   EventFilter(""))  # fmt: skip
+        self.stop = threading.Event()
+        self.vouched = vouched
+
+    def start(self, reader_at: LogPosition) -> Term:
+        self.sink.reached(reader_at, "0-1-1")
+        meta = self.meta
+        term = SnapshotTerm(
+            epoch=1, sink=self.sink, source=lambda: {}, identity=lambda: IDENTITY,
+            vouched=self.vouched, stop=self.stop,
+            min_cursor=lambda: MetaLogPositionManager(lambda d: meta).get_latest(DEST),
+        )  # fmt: skip
+        self.snapshots.start_term(term)
+        return self
+
+    def close(self) -> None:
+        self.stop.set()
+        self.store.stop()
+        self.snapshots.stop_term()
+
+    def run(self, snapshot_id: str) -> SnapshotRun:
+        return SnapshotRun.from_json(self.meta.extras()["snapshots/" + snapshot_id])
+
+    def wait_done(self, snapshot_id: str) -> None:
+        wait_until(lambda: self.run(snapshot_id).state == "done" or not runner_alive(),
+                   f"snapshot {snapshot_id} ends (or its runner stops)", WAIT_S)  # fmt: skip
+        assert self.run(snapshot_id).state == "done", self.snapshots.get(snapshot_id)
+
+    def entries(self, after: LogPosition | None = None) -> list[Entry]:
+        return [e.entry for e in self.store.get(after, 100_000)]
+
+
+def runner_alive() -> bool:
+    return any(t.name == f"snapshot {DEST}" and t.is_alive() for t in threading.enumerate())
+
+
+def read_keys(entries: Sequence[Entry]) -> list[int]:
+    out: list[int] = []
+    for e in entries:
+        if e.type is EntryType.ROWDATA and e.header.event_type is EventType.READ:
+            out.extend(cast(int, r.after_values()["id"]) for r in e.rows)
+    return out
+
+
+@pytest.fixture
+def tables(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeTables]:
+    fake = FakeTables({"db.t": 100, "db.u": 30})
+    monkeypatch.setattr(snapshot_module, "ChunkReader", fake)
+    yield fake
+    wait_until(lambda: not runner_alive(), "the snapshot runner stopped", WAIT_S)
+
+
+def test_a_chunk_waits_for_the_end_of_a_transaction_the_reader_puts_in_pieces(
+    tables: FakeTables,
+) -> None:
+    """The reader is at R (a chunk read at R may go) and has put the first piece of a
+    large transaction: the chunk goes after that transaction's END, not inside it."""
+    term = Term(MemoryMetaManager(DEST), chunk_rows=1000).start(at(R))
+    cond = term.sink.cond
+    assert isinstance(cond, WatchedCondition)
+    f = EntryFactory()
+    f.offset = R
+    tx = f.tx(rows=3)
+    try:
+        term.sink.sink(tx[:2], IDENTITY)  # BEGIN and a row: the transaction goes on
+        term.snapshots.create(["db\\.t"])
+        wait_until(lambda: cond.runner_waits.is_set() or bool(read_keys(term.entries())),
+                   "the runner waits or puts its chunk", WAIT_S)  # fmt: skip
+        term.sink.sink(tx[2:], IDENTITY)  # the rest and END
+        term.wait_done("s1")
+        entries = term.entries()
+    finally:
+        term.close()
+    kinds = [(e.type, e.header.event_type) for e in entries]
+    end = kinds.index((EntryType.TRANSACTIONEND, EventType.XACOMMIT))
+    assert (EntryType.TRANSACTIONBEGIN, EventType.READ) in kinds[end:], kinds
+    positions = [e.position().sort_key for e in entries]
+    assert positions == sorted(positions), positions
+    assert read_keys(entries) == list(range(1, 101))
