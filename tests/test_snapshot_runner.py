@@ -1,6 +1,7 @@
 """The snapshot runner's logic, with a stand-in for the database (``FakeTables``) and the
 real sink, store and meta: a chunk never lands inside a transaction the reader puts in
-pieces."""
+pieces; a new term at the same binlog position numbers its entries after what clients
+hold there; a mark is never placed before an earlier one."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from canal_server.meta import MemoryMetaManager
 from canal_server.parse.logposition import MemoryLogPositionManager, MetaLogPositionManager
 from canal_server.parse.snapshot import Chunk, TableShape
 from canal_server.sink import EventSink
-from canal_server.snapshot import SnapshotRun, Snapshots, SnapshotTerm
-from canal_server.store import EventStore
+from canal_server.snapshot import Mark, SnapshotRun, Snapshots, SnapshotTerm
+from canal_server.store import EventStore, is_after
 
 DEST = "runner"
 JOURNAL = "mariadb-bin.000001"
@@ -171,3 +172,71 @@ def test_a_chunk_waits_for_the_end_of_a_transaction_the_reader_puts_in_pieces(
     positions = [e.position().sort_key for e in entries]
     assert positions == sorted(positions), positions
     assert read_keys(entries) == list(range(1, 101))
+
+
+def _first_term(meta: MemoryMetaManager) -> None:
+    """Chunks of 10 rows (3 entries each) put at R until the store (12 entries, nobody
+    acks) is full: marks at (R, 3), (R, 6), (R, 9), (R, 12); then the term ends."""
+    term = Term(meta, buffer_size=12).start(at(R))
+    try:
+        term.snapshots.create(["db\\.t"])
+        wait_until(lambda: term.run("s1").chunks == 4, "4 chunks put", WAIT_S)
+    finally:
+        term.close()
+    marks = [m.position.position.sort_key for m in term.run("s1").marks]
+    assert marks == [at(R, n).position.sort_key for n in (3, 6, 9, 12)]
+
+
+def test_a_new_term_at_the_same_position_numbers_after_the_clients_cursors(
+    tables: FakeTables,
+) -> None:
+    """A client acked through (R, 7) (inside the third chunk): the next term resumes after
+    the second chunk (mark (R, 6)) and its entries at R must come after (R, 7), or the
+    client skips them."""
+    meta = MemoryMetaManager(DEST)
+    meta.subscribe("c", "")
+    _first_term(meta)
+    cursor = at(R, 7)
+    meta.update_cursor("c", cursor)
+    term = Term(meta).start(cursor)  # the reader resumes at the min cursor (with its ordinal)
+    try:
+        term.wait_done("s1")
+        entries = term.entries()
+    finally:
+        term.close()
+    delivered = [e for e in entries if is_after(LogPosition(IDENTITY, e.position()), cursor)]
+    assert read_keys(delivered) == list(range(21, 101))  # the client gets every row after (20,)
+    positions = [e.position().sort_key for e in entries]
+    assert positions == sorted(positions) and positions[0] > cursor.position.sort_key
+
+
+def test_the_mark_of_an_empty_chunk_is_not_before_the_chunk_it_follows(
+    tables: FakeTables,
+) -> None:
+    """db.t's last read (100 rows in chunks of 10: the 11th read is empty) ends the table
+    without entries: its mark goes at the last entry put, not back at the reader's R."""
+    meta = MemoryMetaManager(DEST)
+    term = Term(meta).start(at(R))
+    try:
+        term.snapshots.create(["db\\.t"])
+        term.wait_done("s1")
+    finally:
+        term.close()
+    marks = [m.position.position.sort_key for m in term.run("s1").marks]
+    assert len(marks) == 11 and marks == sorted(marks), marks
+    assert marks[-1] == at(R, 30).position.sort_key
+
+
+def test_resume_never_takes_a_mark_after_an_earlier_one_past_the_cursor() -> None:
+    """Marks out of order (as an older version placed an empty chunk's): a mark counts only
+    when every earlier mark is at or before the cursor too."""
+    run = SnapshotRun("s1", ["db.t", "db.u"], 10)
+    run.marks = [
+        Mark(at(R, 42), 0, (100,), True, 100, 10),
+        Mark(at(R), 1, None, True, 0, 0),
+    ]
+    run.resume(at(R, 10))  # the client has not acked all of table 0's last chunk
+    assert run.current == 0 and not run.progress[0].done and run.marks == []
+    run.marks = [Mark(at(R, 42), 0, (100,), True, 100, 10), Mark(at(R), 1, None, True, 0, 0)]
+    run.add_mark(Mark(at(R, 45), 1, None, True, 0, 0), at(R, 10))
+    assert [m.position for m in run.marks] == [at(R, 42), at(R), at(R, 45)]

@@ -13,15 +13,16 @@ order (``canal_server.parse.snapshot.ChunkReader``):
    than ``transaction_size`` comes in pieces), the rows whose key a change in the binlog
    touched since step 1 are dropped (that change carried the full row: the consumer
    already has a newer state) and the rest are put as READ entries positioned after R
-   (``EntryPosition.snapshot`` = 1, 2, ...), wrapped in TRANSACTIONBEGIN/END.
+   (``EntryPosition.snapshot`` = 1, 2, ..., after any ordinal already used at R),
+   wrapped in TRANSACTIONBEGIN/END.
 
 A consumer that applies the stream in order ends with the table as it is at R, and
 from then on follows the changes. Progress (per table: the last key emitted, rows,
 chunks; and "marks": which chunk ended at which stream position) is part of the
 destination's fenced meta (``snapshots/{id}``); a new leader resumes after the last
-mark at or before the minimum client cursor (where its reader resumes), so every chunk
-emitted after that position is read again. ``Snapshots`` is the destination's
-manager (API calls, the term's runner thread).
+mark at or before the minimum client cursor (where its reader resumes; every earlier
+mark too), so every chunk emitted after that position is read again. ``Snapshots`` is
+the destination's manager (API calls, the term's runner thread).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from canal_protocol.entry import Entry, EntryType, EventType, Header, TableColumns, Value
@@ -74,6 +75,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Key = tuple[Value, ...]
+Point = tuple[str, int]  # a binlog position: (journal, offset)
 ROWS_PER_ENTRY = 256  # rows of one READ entry (a binlog rows event holds ~8 KB)
 PREFIX = "snapshots/"
 KEEP_FINISHED = 20  # finished snapshots kept in the meta (the oldest go first)
@@ -274,10 +276,8 @@ class SnapshotRun:
     def resume(self, cursor: LogPosition | None) -> None:
         """A new term: go back to the newest mark at or before ``cursor`` (where the
         reader resumes); every chunk after it is read again."""
-        keep = None
-        for mark in self.marks:
-            if cursor is not None and not is_after(mark.position, cursor):
-                keep = mark
+        newest = _newest_acked(self.marks, cursor)
+        keep = self.marks[newest] if newest >= 0 else None
         self.marks = [keep] if keep is not None else []
         self.progress = [TableProgress(t) for t in self.tables]
         self.current = 0
@@ -294,14 +294,37 @@ class SnapshotRun:
         Past ``MAX_MARKS`` every second mark after that one goes (the etcd value stays
         small): a resume then goes back further, which only reads more again."""
         self.marks.append(mark)
-        newest = -1
-        for i, m in enumerate(self.marks):
-            if cursor is not None and not is_after(m.position, cursor):
-                newest = i
+        newest = _newest_acked(self.marks, cursor)
         if newest > 0:
             del self.marks[:newest]
         if len(self.marks) > MAX_MARKS:
             self.marks = [self.marks[0], *self.marks[1:-1:2], self.marks[-1]]
+
+
+def _newest_acked(marks: Sequence[Mark], cursor: LogPosition | None) -> int:
+    """The index of the newest mark that, with every mark before it, lies at or before
+    ``cursor`` (every client acked all chunks up to it); -1: none. A mark after the
+    cursor ends the search, also if later ones (out of order) look acked."""
+    newest = -1
+    for i, mark in enumerate(marks):
+        if cursor is None or is_after(mark.position, cursor):
+            break
+        newest = i
+    return newest
+
+
+def _ordinals_used(meta: MemoryMetaManager, runs: Iterable[SnapshotRun]) -> dict[Point, int]:
+    """The highest snapshot ordinal per binlog point among the clients' cursors and the
+    snapshots' marks: a new term numbers the entries it puts there after it, so no
+    client's cursor lies past them (it would skip them)."""
+    positions = [meta.cursor(c) for c in meta.clients()]
+    positions += [m.position for run in runs for m in run.marks]
+    used: dict[Point, int] = {}
+    for p in positions:
+        if p is not None and p.position.snapshot:
+            point = (p.journal, p.offset)
+            used[point] = max(used.get(point, 0), p.position.snapshot)
+    return used
 
 
 # -- one term's view -------------------------------------------------------------------------
@@ -553,6 +576,7 @@ class Snapshots:
         with self._lock:
             self._load()
             cursor = term.min_cursor()
+            used = _ordinals_used(self._meta, self._runs.values())
             for run in self._runs.values():
                 if run.state in ACTIVE:
                     run.resume(cursor)
@@ -568,7 +592,8 @@ class Snapshots:
         with term.sink.cond:
             term.sink.tap = tap
         self._thread = threading.Thread(
-            target=self._loop, args=(term, tap, initial), name=f"snapshot {self.destination}",
+            target=self._loop, args=(term, _Runner(self, term, tap, used), initial),
+            name=f"snapshot {self.destination}",
             daemon=True,
         )  # fmt: skip
         self._thread.start()
@@ -590,10 +615,9 @@ class Snapshots:
                     return run
         return None
 
-    def _loop(self, term: SnapshotTerm, tap: SnapshotTap, initial: bool) -> None:
+    def _loop(self, term: SnapshotTerm, runner: _Runner, initial: bool) -> None:
         if initial:
             self.create_initial()
-        runner = _Runner(self, term, tap)
         delay = 0.5
         while not term.stop.is_set():
             run = self._next_run()
@@ -639,12 +663,14 @@ class Snapshots:
 class _Runner:
     """Reads and emits the chunks of snapshots, one after the other, for one term."""
 
-    def __init__(self, owner: Snapshots, term: SnapshotTerm, tap: SnapshotTap) -> None:
+    def __init__(
+        self, owner: Snapshots, term: SnapshotTerm, tap: SnapshotTap, used: dict[Point, int]
+    ) -> None:
         self.owner = owner
         self.term = term
         self.tap = tap
         self.reader: ChunkReader | None = None
-        self._ordinal: tuple[LogPosition | None, int] = (None, 0)
+        self._used = used  # the highest snapshot ordinal put (or held by a client) per point
 
     def close(self) -> None:
         if self.reader is not None:
@@ -744,7 +770,7 @@ class _Runner:
     ) -> LogPosition | None:
         """Wait until the reader passed the chunk's position and is between two
         transactions, then put it (see the module doc); the position of its last entry
-        (or of the reader, if every row was dropped), None when the chunk is void."""
+        (or where it would have gone, if every row was dropped), None when it is void."""
         term, sink = self.term, self.term.sink
         target = (journal_seq(chunk.journal), chunk.offset, 0, 0)
         since = time.monotonic()
@@ -785,21 +811,25 @@ class _Runner:
     def _put(
         self, shape: TableShape, chunk: Chunk, at: LogPosition, sink: EventSink
     ) -> LogPosition | None:
-        """Under the sink's lock: drop touched keys, put the rest after ``at``."""
+        """Under the sink's lock: drop touched keys, put the rest after ``at``, numbered
+        after every ordinal already used there (by this term, an earlier one's clients or
+        marks). With no row left, the position of the last entry there (a mark is never
+        placed before the chunk it follows)."""
         touched, invalid = self.tap.take(shape.full_name)
         if invalid:
             log.info("%s: chunk of %s read again: %s", self.owner.destination, shape.full_name,
                      invalid)  # fmt: skip
             return None
         rows = [r for r, k in zip(chunk.rows, chunk.keys, strict=True) if k not in touched]
+        point = (at.journal, at.offset)
+        ordinal = max(self._used.get(point, 0), at.position.snapshot)
         if not rows:
-            return at
-        prev, ordinal = self._ordinal
-        if prev != at:
-            ordinal = 0
+            return LogPosition(at.identity, replace(at.position, snapshot=ordinal))
         entries = _chunk_entries(shape, rows, at, ordinal, sink.last_gtid)
         sink.store.put(entries, at.identity)
-        self._ordinal = (at, ordinal + len(entries))
+        self._used[point] = ordinal + len(entries)
+        here = (journal_seq(at.journal), at.offset)  # ``at`` only moves on: forget before it
+        self._used = {p: n for p, n in self._used.items() if (journal_seq(p[0]), p[1]) >= here}
         return LogPosition(at.identity, entries[-1].position())
 
 
