@@ -1,7 +1,8 @@
 """The snapshot runner's logic, with a stand-in for the database (``FakeTables``) and the
 real sink, store and meta: a chunk never lands inside a transaction the reader puts in
 pieces; a new term at the same binlog position numbers its entries after what clients
-hold there; a mark is never placed before an earlier one."""
+hold there; a mark is never placed before an earlier one; a lapse of leadership
+confirmation pauses the runner instead of ending it."""
 
 from __future__ import annotations
 
@@ -240,3 +241,47 @@ def test_resume_never_takes_a_mark_after_an_earlier_one_past_the_cursor() -> Non
     run.marks = [Mark(at(R, 42), 0, (100,), True, 100, 10), Mark(at(R), 1, None, True, 0, 0)]
     run.add_mark(Mark(at(R, 45), 1, None, True, 0, 0), at(R, 10))
     assert [m.position for m in run.marks] == [at(R, 42), at(R), at(R, 45)]
+
+
+class Lapse:
+    """``vouched``: False (the fencing deadline passed before a keepalive came back) until
+    ``confirmed`` is set; counts the calls."""
+
+    def __init__(self) -> None:
+        self.confirmed = threading.Event()
+        self.asked = 0
+
+    def __call__(self) -> bool:
+        self.asked += 1
+        return self.confirmed.is_set()
+
+
+def test_a_lapse_of_confirmation_pauses_the_runner_until_confirmed_again(
+    tables: FakeTables,
+) -> None:
+    lapse = Lapse()
+    term = Term(MemoryMetaManager(DEST), vouched=lapse).start(at(R))
+    try:
+        term.snapshots.create(["db\\.(t|u)"])
+        wait_until(lambda: lapse.asked >= 3 or not runner_alive(),
+                   "the runner asks again (or stops)", WAIT_S)  # fmt: skip
+        assert term.entries() == []  # nothing is put while unconfirmed
+        lapse.confirmed.set()  # the same epoch, confirmed again
+        term.wait_done("s1")
+        keys = read_keys(term.entries())
+    finally:
+        term.close()
+    assert keys == [*range(1, 101), *range(1, 31)]
+
+
+def test_the_term_ending_during_a_lapse_stops_the_runner(tables: FakeTables) -> None:
+    lapse = Lapse()
+    term = Term(MemoryMetaManager(DEST), vouched=lapse).start(at(R))
+    try:
+        term.snapshots.create(["db\\.t"])
+        wait_until(lambda: lapse.asked >= 1, "the runner asks for confirmation", WAIT_S)
+        assert term.entries() == []
+    finally:
+        term.close()  # joins the runner: it must end while paused
+    assert not runner_alive()
+    assert term.run("s1").state == "running"  # the next term resumes it

@@ -81,6 +81,7 @@ PREFIX = "snapshots/"
 KEEP_FINISHED = 20  # finished snapshots kept in the meta (the oldest go first)
 MAX_MARKS = 256  # resume marks kept per snapshot (thinned beyond)
 _STALL_S = 1.0  # the reader has not reached P for this long: ask the GTID state at P
+_PAUSE_S = 0.05  # how often a runner paused on an unconfirmed epoch asks again
 ACTIVE = ("pending", "running")
 
 
@@ -776,13 +777,14 @@ class _Runner:
         since = time.monotonic()
         gtid_at: str | None = None
         while True:
+            self._confirmed(run)
             with sink.cond:
-                if term.stop.is_set() or not term.vouched():
+                if term.stop.is_set():
                     raise StoreClosed("term ended")
                 if not self.owner.still_active(run) or self._switched(identity):
                     self.tap.take(shape.full_name)
                     return None  # cancelled, or the reader switched: read from the new one
-                if self._passed(identity, target, gtid_at):
+                if term.vouched() and self._passed(identity, target, gtid_at):
                     assert sink.last is not None
                     return self._put(shape, chunk, sink.last, sink)
                 sink.cond.wait(0.2)
@@ -807,6 +809,24 @@ class _Runner:
             return False
         covered = gtid_at is not None and _covers(sink.last_gtid, gtid_at)
         return last.position.sort_key >= target or covered
+
+    def _confirmed(self, run: SnapshotRun) -> None:
+        """Pause while the term's epoch is not confirmed: a keepalive sent before the
+        fencing deadline and answered after it leaves the monitor without an epoch for a
+        moment and then extends the same one, with no ``on_lost``. Nothing is put
+        meanwhile; StoreClosed when the term ends (another epoch: ``on_lost`` ends it)."""
+        term = self.term
+        if term.vouched():
+            return
+        log.warning(
+            "%s: snapshot %s paused: epoch %d is not confirmed by the election right now; "
+            "waiting until it is again (or the term ends)", self.owner.destination, run.id,
+            term.epoch,
+        )  # fmt: skip
+        while not term.vouched() and self.owner.still_active(run):
+            if term.stop.wait(_PAUSE_S):
+                raise StoreClosed("term ended")
+        log.info("%s: snapshot %s goes on (epoch %d)", self.owner.destination, run.id, term.epoch)
 
     def _put(
         self, shape: TableShape, chunk: Chunk, at: LogPosition, sink: EventSink
