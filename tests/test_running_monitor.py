@@ -37,7 +37,7 @@ from canal_cluster.running import (
     read_running,
     server_running_monitor,
 )
-from canal_protocol.errors import ConfigError, CoordinatorUnavailable, Fenced
+from canal_protocol.errors import ConfigError, CoordinatorUnavailable, Fenced, HandoverTimeout
 
 __all__ = ["etcd_endpoints"]  # fixture used below
 
@@ -509,3 +509,41 @@ def test_a_new_terms_first_keepalive_comes_after_its_drawn_phase(
     finally:
         m.stop()
         coord.close()
+
+
+def test_a_handover_under_way_when_the_wait_ends_is_a_timeout_not_a_failure(
+    etcd_endpoints: list[str],
+) -> None:
+    """The cycle took the request and is in the old leader's on_lost (its final flush:
+    the reader's join alone can take seconds) when hand_over's wait ends: the handover
+    goes ahead, so the caller hears HandoverTimeout (503 handover_timeout), never the
+    HandoverFailed that says no node took it (a retry would move it a second time)."""
+    cfg = ElectionConfig(ttl_s=10, safety_margin_s=2, loop_interval_s=0.2, switch_delay_s=1)
+    keys = Keys(f"/t-{uuid.uuid4().hex[:12]}")
+    flushing, flushed = threading.Event(), threading.Event()
+
+    def slow_flush(epoch: int) -> None:
+        flushing.set()
+        assert flushed.wait(WAIT_S), "the test never let on_lost end"
+
+    coords = [EtcdCoordinator(etcd_endpoints, timeout_s=ETCD_TIMEOUT_S) for _ in range(2)]
+    a = server_running_monitor(coords[0], keys, "d1", "na", "http://a", cfg, on_lost=slow_flush)
+    b = server_running_monitor(coords[1], keys, "d1", "nb", "http://b", cfg)
+    try:
+        a.start()
+        wait_until(a.is_leader, "na leads", WAIT_S)
+        b.start()
+        epoch = a.leader_epoch()
+        with pytest.raises(HandoverTimeout, match="under way") as timed_out:
+            a.hand_over("nb", timeout_s=2.0)  # the cycle takes it at once, then waits in on_lost
+        assert flushing.is_set(), timed_out.value
+        flushed.set()
+        wait_until(b.is_leader, "nb leads after the handover", WAIT_S)
+        ended = [e for e in a.history() if e.reason is Reason.HANDED_OVER]
+        assert [e.epoch for e in ended] == [epoch]
+    finally:
+        flushed.set()
+        for m in (a, b):
+            m.stop()
+        for co in coords:
+            co.close()

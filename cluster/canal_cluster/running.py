@@ -71,6 +71,7 @@ from canal_protocol.errors import (
     CoordinatorUnavailable,
     Fenced,
     HandoverFailed,
+    HandoverTimeout,
 )
 
 __all__ = [
@@ -353,7 +354,8 @@ class RunningMonitor:
         (``on_lost``: final flush), then deletes the key and names ``to`` in the
         handover key in one fenced transaction. Returns the epoch handed over;
         ``HandoverFailed`` when this monitor does not lead, etcd did not take it, or
-        the cycle did not get to it within ``timeout_s``."""
+        the cycle did not get to it within ``timeout_s``; ``HandoverTimeout`` when the
+        cycle took it but had not ended it by then (it goes on: ``to`` takes over)."""
         validate_id(to, "to")
         if to == self.node:
             raise HandoverFailed(f"{self.key}: cannot hand over to this node ({to})")
@@ -370,15 +372,29 @@ class RunningMonitor:
         if self._thread is None:  # driven by cycle() only (tests)
             self.cycle(self._clock())
         wait = timeout_s if timeout_s is not None else 2 * self._coord.timeout_s + 5
-        if not request.done.wait(wait):
-            with self._state:
-                if self._request is request:
-                    self._request = None
+        if not request.done.wait(wait) and not self._ended_late(request, wait):
             raise HandoverFailed(f"{self.key}: the handover to {to} did not start in {wait:g}s")
         if request.error is not None:
             raise request.error
         assert request.epoch is not None
         return request.epoch
+
+    def _ended_late(self, request: _HandoverRequest, waited_s: float) -> bool:
+        """``hand_over`` waited ``waited_s`` in vain: False when the cycle had not taken
+        the request (withdrawn: nothing happened), True when it ended just now;
+        ``HandoverTimeout`` when the cycle is still in it (the final flush, then the
+        transaction naming the successor), which goes on without this caller."""
+        with self._state:
+            if self._request is request:
+                self._request = None
+                return False
+        if request.done.is_set():
+            return True
+        raise HandoverTimeout(
+            f"{self.key}: the handover to {request.to} is under way (node {self.node}'s "
+            f"final flush, then the transaction naming it) and did not end in {waited_s:g}s; "
+            f"{request.to} takes over once it ends"
+        )
 
     # -- thread ------------------------------------------------------------------------
 

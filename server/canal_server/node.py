@@ -335,7 +335,8 @@ class Node:
         for it) and wait until it leads: ``{destination, from, to, epoch, new_epoch,
         took_ms}``. ``InvalidArgument("to")`` for a node that cannot take it,
         ``HandoverFailed`` when this node does not lead it or no node can take it,
-        ``HandoverTimeout`` when the successor did not lead within ``timeout_s``."""
+        ``HandoverTimeout`` when the successor did not lead within ``timeout_s`` (also when
+        this node's part, its final flush, had not ended by then: the handover goes on)."""
         self.instance(destination)  # UnknownDestination
         monitor = self.monitors[destination]
         if monitor.leader_epoch() is None:
