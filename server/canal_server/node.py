@@ -8,7 +8,8 @@
 * builds one ``Instance`` per destination and its server RunningMonitor, which keeps
   the leaders spread over the nodes (a ``Balancer``, ``[balance]``);
 * keeps a cache of each destination's leader record (a watch on its running key,
-  refreshed by the registration loop), for the standby redirect.
+  refreshed by the registration loop; the answer of the newer etcd revision wins), for
+  the standby redirect and a step-down's wait for its successor.
 
 ``step_down(d, to)`` hands a led destination over to another node (the REST admin
 route). ``stop()`` hands every led destination over to the least loaded live node
@@ -35,7 +36,7 @@ from canal_cluster.coordinator import Coordinator, Lease, Watch, WatchEvent, Wat
 from canal_cluster.etcd_coordinator import EtcdCoordinator
 from canal_cluster.keys import Keys
 from canal_cluster.retry import wait_until
-from canal_cluster.running import RunningInfo, RunningMonitor, read_running, server_running_monitor
+from canal_cluster.running import RunningInfo, RunningMonitor, server_running_monitor
 from canal_protocol.errors import (
     CoordinationError,
     Fenced,
@@ -113,6 +114,8 @@ class Node:
         self.instances: dict[str, Instance] = {}
         self.monitors: dict[str, RunningMonitor] = {}
         self._leaders: dict[str, RunningInfo | None] = {}
+        self._leaders_rev: dict[str, int] = {}  # the etcd revision each cached record is of
+        self._leaders_lock = threading.Lock()
         self._watches: list[Watch] = []
         self._lease: Lease | None = None
         self._stop = threading.Event()
@@ -298,29 +301,38 @@ class Node:
 
     def _leader_watch(self, name: str) -> Any:
         def on_event(event: WatchEvent) -> None:
+            if event.type is WatchEventType.RESYNC:
+                self._refresh_leaders((name,))
+                return
+            info = None
             if event.type is WatchEventType.PUT:
-                try:
+                with contextlib.suppress(ValueError, TypeError, KeyError):
                     data = json.loads(event.value)
                     info = RunningInfo(
                         str(data["node"]), str(data.get("url", "")), event.create_revision
                     )
-                except (ValueError, TypeError, KeyError):
-                    info = None
-                self._leaders[name] = info
-            elif event.type is WatchEventType.DELETE:
-                self._leaders[name] = None
-            else:
-                self._refresh_leaders((name,))
+            self._note_leader(name, info, event.mod_revision)
 
         return on_event
 
     def _refresh_leaders(self, names: Iterable[str] | None = None) -> None:
         for name in names if names is not None else list(self.instances):
-            try:
-                self._leaders[name] = read_running(self.coord, self.keys.running(name))
+            key = self.keys.running(name)
+            try:  # a range read: its revision dates the answer, an absent key too
+                read = self.coord.get_prefix(key)
             except CoordinationError:
                 self.metrics.etcd_errors.inc()
                 return
+            kv = next((kv for kv in read.items if kv.key == key), None)
+            self._note_leader(name, RunningInfo.from_kv(kv) if kv else None, read.revision)
+
+    def _note_leader(self, name: str, info: RunningInfo | None, revision: int) -> None:
+        """Cache ``info`` as ``name``'s leader as of etcd ``revision``, unless the cache
+        is newer already: a watch event can land between a refresh's read and this, and
+        a refresh between a change and the watch's event of it."""
+        with self._leaders_lock:
+            if revision >= self._leaders_rev.get(name, 0):
+                self._leaders[name], self._leaders_rev[name] = info, revision
 
     # -- handovers ---------------------------------------------------------------------------
 
