@@ -17,14 +17,17 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from canal_client.spark import CanalOptions
+from canal_client.spark import BinlogPoint, CanalOptions, LeaderProgress, point_key
 from canal_client.spark_rows import EntryKey, Row, entry_key
 from canal_protocol import Batch, Entry
 from canal_protocol.errors import UnknownBatch
+
+if TYPE_CHECKING:
+    from canal_server.embedded import EmbeddedServer
 
 LOGFILE = "mariadb-bin.000001"
 
@@ -204,6 +207,46 @@ class FakeConnector:
     def move_cursor(self, logfile: str, offset: int) -> dict[str, Any] | None:
         self.calls.append(f"move_cursor {logfile}:{offset}")
         return {"index": self.server.move_cursor(logfile, offset)}
+
+
+class EmbeddedConnector:
+    """The connector contract over a real ``EmbeddedServer`` in this process (its store,
+    batches, cursor and ``move_cursor``); ``leader`` swaps the server (a new term)."""
+
+    def __init__(self, server: EmbeddedServer, client: str = "spark", epoch: int = 1) -> None:
+        self.server, self.client, self.epoch = server, client, epoch
+        self.leader_url: str | None = f"embedded://{epoch}"
+
+    def connect(self) -> None:
+        if self.server.meta.is_subscribed(self.client):
+            self.server.rollback(self.client)
+
+    def disconnect(self) -> None:
+        pass
+
+    def subscribe(self, filter: str = "", start: str | None = None) -> None:
+        self.server.subscribe(self.client, filter, "latest" if start == "latest" else "earliest")
+
+    def get_without_ack(self, size: int, timeout_s: float) -> Batch:
+        return self.server.get_without_ack(self.client, size, timeout_s)
+
+    def get_batch(self, batch_id: int) -> Batch:
+        return self.server.get_batch(self.client, batch_id)
+
+    def ack(self, batch_id: int) -> None:
+        self.server.ack(self.client, batch_id)
+
+    def rollback(self, batch_id: int | None = None) -> None:
+        self.server.rollback(self.client, batch_id)
+
+    def move_cursor(self, logfile: str, offset: int) -> dict[str, Any] | None:
+        cursor = self.server.move_cursor(self.client, logfile, offset)
+        return None if cursor is None else {"position": cursor.position.to_dict()}
+
+
+def reading(source: str, epoch: int = 1) -> Callable[[Any], LeaderProgress]:
+    """A progress probe: the leader of ``epoch`` reads the database at ``source``."""
+    return lambda _: LeaderProgress(epoch, BinlogPoint(point_key("", 0, source), "", source))
 
 
 # -- a fake reachable from Spark's Python processes -----------------------------------------

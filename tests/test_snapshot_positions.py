@@ -3,6 +3,7 @@ before the next binlog event, in the store, cursors and ``move_cursor``."""
 
 from __future__ import annotations
 
+import pytest
 from serving_fixtures import IDENTITY, EntryFactory
 
 from canal_protocol.entry import Entry, EntryType, EventType, Header
@@ -54,3 +55,26 @@ def test_marks_resume_at_the_newest_at_or_before_the_cursor_and_stay_bounded() -
     assert run.progress[kept.table].after == kept.after
     run.resume(at(50))  # before every mark: from the start
     assert run.current == 0 and run.progress[0].after is None and run.marks == []
+
+
+@pytest.mark.parametrize("reads", [1, 2, 3, 5, 42])
+@pytest.mark.parametrize("later", [1, 2, 3, 7])
+def test_move_cursor_through_a_chunk_never_passes_the_rest_of_it(reads: int, later: int) -> None:
+    """A chunk put at a transaction's end ``R`` is stored before the next transaction,
+    whose BEGIN (MariaDB: its GTID event) also starts at ``R``. A commit "through" ``R``
+    (a Spark checkpoint inside the chunk) stops before the chunk, whatever else is stored
+    around it; a commit through a later BEGIN still moves through that BEGIN."""
+    f = EntryFactory()
+    first = f.tx()
+    chunk = [_read(first[-1], n) for n in range(1, reads + 1)]
+    rest = [e for _ in range(later) for e in f.tx()]
+    assert rest[0].header.offset == first[-1].header.end_offset  # the BEGIN starts at R
+    store = EventStore("d")
+    store.put([*first, *chunk, *rest], IDENTITY)
+    end = first[-1].position()
+    ev = store.last_starting_by(end.journal, end.offset)
+    assert ev is not None and ev.entry is first[-1], ev
+    assert [e.entry for e in store.get(ev.position, reads)] == chunk
+    begin = rest[-3]  # the last transaction's BEGIN (at R itself when it is the only one)
+    ev = store.last_starting_by(begin.header.logfile, begin.header.offset)
+    assert ev is not None and ev.entry is (first[-1] if later == 1 else begin)

@@ -114,6 +114,13 @@ def _not_before(position: LogPosition, reference: LogPosition) -> bool:
     return position.position.timestamp_ms >= reference.position.timestamp_ms
 
 
+def _start_order(entry: Entry) -> tuple[tuple[str, int], int, int, int, int]:
+    """Where an entry starts, in the order the store holds entries: binlog order, the
+    entries of a snapshot chunk at a position before the binlog event starting there."""
+    h = entry.header
+    return journal_seq(h.logfile), h.offset, 0 if h.snapshot else 1, h.part, h.snapshot
+
+
 After = int | LogPosition | None
 
 
@@ -307,22 +314,25 @@ class EventStore:
 
     def last_starting_by(self, journal: str, offset: int) -> StoredEvent | None:
         """The last stored event whose entry starts at or before ``journal``:``offset``
-        (binlog order; an entry's header start, not its resume position). The entries of
-        an incremental snapshot put at that very offset, and those of a compressed
-        transaction starting there, come after it (``header.part`` and ``.snapshot``
-        order them): never passed over, at worst delivered again."""
-        key = (journal_seq(journal), offset, 0, 0)
+        (an entry's header start, not its resume position), in the order events are
+        stored. An incremental snapshot's chunk put at ``offset`` (a transaction's end)
+        is stored before the binlog event that starts there too (MariaDB: the next
+        transaction's GTID event, its BEGIN): while one is stored, the answer is the
+        event before it, so a commit through ``offset`` never passes over snapshot
+        entries (at worst they are delivered again). The entries of a compressed
+        transaction starting there (``header.part``) come after it as well."""
+        at = (journal_seq(journal), offset)
         with self._lock:
-            idx = bisect.bisect_right(
-                range(self._head, len(self._events)),
-                key,
-                key=lambda i: (
-                    journal_seq(self._events[i].entry.header.logfile),
-                    self._events[i].entry.header.offset,
-                    self._events[i].entry.header.part,
-                    self._events[i].entry.header.snapshot,
-                ),
-            )
+            live = range(self._head, len(self._events))
+
+            def start(i: int) -> tuple[tuple[str, int], int, int, int, int]:
+                return _start_order(self._events[i].entry)
+
+            first_at = bisect.bisect_left(live, (*at, 0, 0, 1), key=start)
+            if first_at < len(live) and start(live[first_at])[:3] == (*at, 0):
+                idx = first_at  # a chunk at ``offset``: stop before it
+            else:
+                idx = bisect.bisect_right(live, (*at, 1, 0, 0), key=start)
             return self._events[self._head + idx - 1] if idx else None
 
     def stop(self) -> None:
