@@ -361,6 +361,31 @@ def test_assembler_skips_what_was_delivered_before_a_reconnect() -> None:
     assert again.resume_skip == ("", 0)
 
 
+def test_a_second_loss_while_reading_a_transaction_again_keeps_its_skip() -> None:
+    """The connection drops after a transaction's BEGIN and 5 rows were put, then again
+    while the resume still skips them: the third dump skips all 6 again, not the 2 the
+    second one had read (nothing is stored twice)."""
+    got: list[Entry] = []
+    start = EntryPosition(journal="f.000001", offset=100)
+    tx1, tx2 = _fake_tx(1, 100, 2), _fake_tx(2, 140, 6)
+    first = TransactionAssembler(got.extend, start, "0-1-0", 3)
+    for ev in tx1 + tx2[:7]:  # BEGIN + 5 rows of tx2 put (two pieces of 3)
+        first.on_event(ev)
+    assert first.resume_skip == ("0-1-2", 6)
+    second = TransactionAssembler(got.extend, first.committed, "0-1-1", 3, first.resume_skip)
+    for ev in tx2[:2]:  # lost again while skipping
+        second.on_event(ev)
+    assert second.resume_skip == ("0-1-2", 6)
+    third = TransactionAssembler(got.extend, second.committed, "0-1-1", 3, second.resume_skip)
+    for ev in tx2:
+        third.on_event(ev)
+    tx2_entries = got[4:]
+    assert [e.type for e in tx2_entries] == (
+        [EntryType.TRANSACTIONBEGIN] + [EntryType.ROWDATA] * 6 + [EntryType.TRANSACTIONEND]
+    )
+    assert [r.after[0].value for e in tx2_entries for r in e.rows] == [200 + i for i in range(6)]
+
+
 def test_classify_ddl() -> None:
     cases = {
         "CREATE TABLE a (x int)": (EventType.CREATE, "d", "a"),

@@ -164,6 +164,7 @@ class TransactionAssembler:
         self._index = 0  # entries produced in the open transaction
         self._standalone = False
         self._skip = skip
+        self._skip_n = 0  # entries of the open transaction to drop (the sink has them)
         self._decoder = RowsDecoder()
 
     @property
@@ -220,9 +221,7 @@ class TransactionAssembler:
 
     def _emit(self, entry: Entry) -> None:
         self._index += 1
-        gtid, skip_n = self._skip
-        if gtid and gtid == self._tx_key and self._index <= skip_n:
-            self.delivered_upto = self._index
+        if self._index <= self._skip_n:
             return  # delivered before the reconnect
         self._buffer.append(entry)
         if len(self._buffer) >= self._size:
@@ -247,7 +246,8 @@ class TransactionAssembler:
         self._in_tx = True
         self._tx_key = self._gtid or f"{self.journal}:{span.start}"
         self._index = 0
-        self.delivered_upto = 0
+        gtid, skip_n = self._skip  # the sink has (had) these: kept by a later resume_skip
+        self._skip_n = self.delivered_upto = skip_n if gtid and gtid == self._tx_key else 0
         self._standalone = standalone
         if not standalone:
             header = self._header(span, EventType.GTID)
