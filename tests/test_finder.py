@@ -15,15 +15,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import pytest
+from pymysqlreplication.event import MariadbGtidEvent, RotateEvent
 from pymysqlreplication.row_event import WriteRowsEvent
 
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
 from canal_ha.sandbox.mariadb import MariaDBServer
 from canal_protocol.errors import PositionNotFound, PurgedPosition
-from canal_protocol.positions import EntryPosition, LogIdentity, LogPosition
+from canal_protocol.positions import EntryPosition, LogIdentity, LogPosition, journal_seq
 from canal_server.parse import binlog_stream
-from canal_server.parse.binlog_search import BinlogEvent, StreamEventSource
+from canal_server.parse.binlog_search import BinlogEvent, StreamEventSource, locate_gtid_state
 from canal_server.parse.finder import (
     ConfiguredPosition,
     DatabaseLink,
@@ -590,3 +591,63 @@ def test_switch_to_promoted_standby_resumes_by_gtid_exactly(
     fallback = _finder(ahead).find(_link(s))
     assert fallback.reasons == (R.FALLBACK_SOURCE_SWITCH,)
     assert {1, 2, 3, 21, 22, 23, 100} <= _ids_after(s, fallback.position)
+
+
+def _sent_by_gtid_dump(server: MariaDBServer, state: str) -> list[tuple[str, int, str]]:
+    """What a GTID dump from ``state`` sends: (file, start, GTID) of each transaction."""
+    sent, journal = [], ""
+    with binlog_stream.peek_stream(server.dsn(), SLAVE_ID, gtid=state) as stream:
+        while (ev := binlog_stream.next_event(stream)) is not None:
+            if isinstance(ev, RotateEvent):
+                journal = ev.next_binlog
+            elif isinstance(ev, MariadbGtidEvent):
+                sent.append((journal, binlog_stream.event_span(ev).start, str(ev.gtid)))
+    return sent
+
+
+def test_switch_by_gtid_with_interleaved_domains_misses_no_transaction(
+    make_sandbox: SandboxFactory,
+) -> None:
+    """Two domains ordered differently on the new database (MariaDB's per-domain
+    parallel replication). The new file's Gtid_list holds the state's domain 0, so
+    MariaDB drops that domain at once and sends its next transaction while it still
+    skips domain 1 up to the state's GTID (where its fake Gtid_list comes). The found
+    position lies at or before every transaction such a GTID dump sends: exactly at the
+    first one, so nothing the state holds before it is read again."""
+    p = _private(make_sandbox).primary
+    p.execute(
+        "CREATE DATABASE t_finder_dom",
+        "CREATE TABLE t_finder_dom.t (id INT PRIMARY KEY, ts BIGINT)",
+    )
+
+    def insert(domain: int, row: int) -> str:
+        return str(
+            p.execute(
+                f"SET SESSION gtid_domain_id = {domain}",
+                f"INSERT INTO t_finder_dom.t VALUES ({row}, UNIX_TIMESTAMP())",
+                "SELECT @@last_gtid",
+            )[0][0]
+        )
+
+    insert(1, 1000)
+    before_0 = insert(0, 1)
+    p.execute("FLUSH BINARY LOGS")  # the new file's Gtid_list holds before_0
+    insert(1, 1001)
+    insert(0, 2)  # not in the state: must be read
+    last_1 = insert(1, 1002)
+    state = f"{before_0},{last_1}"
+    sent = _sent_by_gtid_dump(p, state)
+    assert [gtid for _, _, gtid in sent] == [f"0-{p.server_id}-{_seq(before_0) + 1}"]
+    located = locate_gtid_state(p.dsn(), SLAVE_ID, state)
+    first = sent[0][:2]  # a dump sends in binlog order
+    assert (journal_seq(located[0]), located[1]) <= (journal_seq(first[0]), first[1]), (
+        f"located at {located}, after {sent[0]}, which the GTID dump sends"
+    )
+    assert located == first
+    history = LogPosition(
+        LogIdentity("127.0.0.1:1", SLAVE_ID, 99), EntryPosition("old-bin.000001", 4, 99, state, 1)
+    )
+    found = _finder(history).find(_link(p))
+    assert found.reasons == (R.SWITCH_BY_GTID,)
+    assert found.position.gtid == state
+    assert _ids_after(p, found.position) == {2, 1002}  # 1002 again: it follows row 2

@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 from mysql_fixtures import FIXTURES
 from mysql_replay import MySQLReplayServer
+from pymysqlreplication.event import GtidEvent, RotateEvent
 
 from canal_protocol.errors import PurgedPosition
 from canal_protocol.positions import EntryPosition, LogIdentity, LogPosition
+from canal_server.parse import binlog_stream
 from canal_server.parse.binlog_search import StreamEventSource
 from canal_server.parse.finder import (
     ConfiguredPosition,
@@ -221,6 +223,47 @@ def test_switch_by_gtid_reads_previous_gtids_and_the_gtid_events(
     else:
         assert found.reasons == (R.SWITCH_BY_GTID,)
         assert (found.position.journal, found.position.offset) == ("mysql-bin.000057", offset)
+
+
+def _sent_by_gtid_dump(srv: MySQLReplayServer, state: str) -> list[tuple[str, int]]:
+    """Where each transaction a GTID dump from ``state`` sends starts (file, offset)."""
+    sent, journal = [], ""
+    only = (RotateEvent, GtidEvent)
+    with binlog_stream.peek_stream(srv.dsn(), SLAVE_ID, gtid=state, only_events=only) as stream:
+        while (ev := binlog_stream.next_event(stream)) is not None:
+            if isinstance(ev, RotateEvent):
+                journal = ev.next_binlog
+            elif isinstance(ev, GtidEvent):
+                sent.append((journal, binlog_stream.event_span(ev).start))
+    return sent
+
+
+@pytest.mark.parametrize(
+    ("numbers", "offset"),
+    [
+        ("1-10:12", 197),  # lacks 11 (the DDL at 197): a dump sends 11 and 13
+        ("1-10:13", 197),
+        ("1-11:13", 378),  # lacks 12 (the compressed transaction at 378)
+        ("1-12", 651),  # no gap: after 12, where 13 starts
+    ],
+)
+def test_switch_by_gtid_starts_before_the_first_transaction_the_set_lacks(
+    tmp_path: Path, numbers: str, offset: int
+) -> None:
+    """A set with a gap (the old server committed them in another order, e.g. a
+    multi-threaded replica): the start lies at or before every transaction a GTID dump
+    from the set sends, exactly at the first one; none of them is skipped."""
+    shutil.copy(FIXTURES / "ape__mysql-bin.000057", tmp_path / "mysql-bin.000057")
+    state = f"76f3e7be-6720-11ed-9cad-0242ac110002:{numbers}"
+    pos = EntryPosition("old-bin.000009", 999, 77, state, CLOCK * 1000)
+    history = LogPosition(LogIdentity("127.0.0.1:1", SLAVE_ID, 77), pos)
+    with MySQLReplayServer(tmp_path, clock=CLOCK) as srv:
+        sent = _sent_by_gtid_dump(srv, state)
+        found = _finder(history, fallback_interval_s=60).find(_link(srv))
+    assert found.reasons == (R.SWITCH_BY_GTID,)
+    located = (found.position.journal, found.position.offset)
+    assert sent and all(located <= at for at in sent), f"{located}: after some of {sent}"
+    assert located == ("mysql-bin.000057", offset) == sent[0]
 
 
 def test_history_of_another_database_at_the_same_address_falls_back_at_once(

@@ -32,7 +32,6 @@ from pymysqlreplication.event import (
     FormatDescriptionEvent,
     GtidEvent,
     MariadbGtidEvent,
-    MariadbGtidListEvent,
     QueryEvent,
     RotateEvent,
     XidEvent,
@@ -270,30 +269,42 @@ def is_mariadb_gtid_state(state: str) -> bool:
 
 
 def locate_gtid_state(conn: Mapping[str, Any], slave_id: int, state: str) -> tuple[str, int]:
-    """The file and offset where the MariaDB GTID state ``state`` (or the MySQL GTID set,
-    ``locate_mysql_gtid_set``) ends in the binlog of the server at ``conn``: its own
-    coordinates, whatever server wrote ``state``.
+    """The file and offset in the binlog of the server at ``conn`` (its own coordinates,
+    whatever server wrote ``state``) from which a read misses nothing that a GTID dump
+    from the MariaDB GTID state ``state`` (or the MySQL GTID set,
+    ``locate_mysql_gtid_set``) sends.
 
-    A GTID dump from ``state`` sends a fake Gtid_list event whose log position is the
-    exact point where the server starts sending (after every group ``state`` holds).
-    PurgedPosition when the server's binlog does not hold ``state`` (purged, or ahead).
+    A GTID dump skips every group ``state`` holds, per domain. Its first group is where
+    reading must start: a fake Gtid_list event comes when the *first* domain reaches its
+    GTID, so with several domains a group of another one (a domain MariaDB dropped at the
+    file's start because its Gtid_list holds the state's GTID) can come before it. With no
+    group sent, the last position the dump reached (nothing after it but groups
+    ``state`` holds). PurgedPosition when the binlog does not hold ``state`` (purged, or
+    ahead).
     """
     if is_mysql_gtid_set(state):
         return locate_mysql_gtid_set(conn, slave_id, state)
-    journal = ""
+    journal, reached = "", None
     with binlog_stream.peek_stream(conn, slave_id, gtid=state) as stream:
         while (ev := binlog_stream.next_event(stream)) is not None:
-            if isinstance(ev, RotateEvent):
-                journal = ev.next_binlog
-            elif isinstance(ev, MariadbGtidListEvent) and binlog_stream.event_span(ev).artificial:
-                return journal, binlog_stream.event_span(ev).end
-    raise PositionNotFound(f"the GTID dump from {state} sent no start point")
+            span = binlog_stream.event_span(ev)
+            if isinstance(ev, RotateEvent):  # the fake one: the start file; a real one: the next
+                journal, reached = ev.next_binlog, (ev.next_binlog, int(ev.position))
+            elif isinstance(ev, MariadbGtidEvent):
+                return journal, span.start  # the first group the dump sends
+            elif span.end > 0:  # also the fake Gtid_list: its end is where the server is
+                reached = (journal, span.end)
+    if reached is None:
+        raise PositionNotFound(f"the GTID dump from {state} sent no start point")
+    return reached
 
 
 def locate_mysql_gtid_set(conn: Mapping[str, Any], slave_id: int, state: str) -> tuple[str, int]:
-    """Where a MySQL server's binlog first holds every transaction of the GTID set
-    ``state``: the end of the transaction that completes it (or the end of a file's
-    PREVIOUS_GTIDS that holds it all), in the server's own file and offset.
+    """Where a read of a MySQL server's binlog by file and offset misses nothing that a
+    GTID dump from the set ``state`` sends, in the server's own file and offset: the
+    start of the first transaction ``state`` lacks (a gap: the old server committed in
+    another order), else the end of the transaction that completes ``state`` (or of a
+    file's PREVIOUS_GTIDS that holds it all).
 
     As MySQL's dump thread picks its file: the newest binlog whose PREVIOUS_GTIDS is a
     subset of ``state``, read from there on (its PREVIOUS_GTIDS, then its GTID events).
@@ -315,47 +326,69 @@ def locate_mysql_gtid_set(conn: Mapping[str, Any], slave_id: int, state: str) ->
             f"the oldest binlog {oldest} starts after transactions the GTID set {state} "
             "lacks (they were purged)"
         )
+    scan = _SetScan(want)
     for f in files[start:]:
-        end = _completing_end(conn, slave_id, f.name, want)
-        if end is not None:
-            return f.name, end
+        found = scan.file(conn, slave_id, f.name)
+        if found is not None:
+            return found
     raise PositionNotFound(f"the binlog does not hold every transaction of {state}")
 
 
-_GTID_SCAN_EVENTS = (RotateEvent, PreviousGtidsEvent, GtidEvent, QueryEvent, XidEvent)
+_GTID_SCAN_EVENTS = (
+    RotateEvent, PreviousGtidsEvent, GtidEvent, AnonymousGtidEvent, QueryEvent, XidEvent,
+)  # fmt: skip
 
 
-def _completing_end(
-    conn: Mapping[str, Any], slave_id: int, journal: str, want: GtidSet
-) -> int | None:
-    """The end of the first group of ``journal`` after which its PREVIOUS_GTIDS and
-    GTIDs so far hold ``want`` (the PREVIOUS_GTIDS' end when they do); None if none."""
-    have, group = GtidSet(), None
-    with binlog_stream.peek_stream(
-        conn, slave_id, journal=journal, offset=BINLOG_START_OFFSET, only_events=_GTID_SCAN_EVENTS
-    ) as stream:
-        while (ev := _next(stream, journal, BINLOG_START_OFFSET)) is not None:
-            if isinstance(ev, RotateEvent) and ev.next_binlog != journal:
-                break
-            span = binlog_stream.event_span(ev)
-            if span.artificial or isinstance(ev, RotateEvent):
-                continue
-            kind = classify(ev)
-            if isinstance(ev, PreviousGtidsEvent):
-                have = have | ev.gtids
-            elif isinstance(ev, GtidEvent):
-                uuid, _, number = str(ev.gtid).rpartition(":")
-                have = have.add(uuid, int(number))
-            if kind in _GROUP_STARTS:
-                group = kind
-                continue
-            event = BinlogEvent(span.start, span.end, span.timestamp, kind, span.server_id)
-            ends = _ends_group(event, group)
-            if ends:
-                group = None
-            if (ends or isinstance(ev, PreviousGtidsEvent)) and want <= have:
-                return span.end
-    return None
+@dataclass
+class _SetScan:
+    """``locate_mysql_gtid_set``'s read of the binlog files, in order: ``first`` is the
+    first group ``want`` lacks (another GTID, or an anonymous one) seen so far."""
+
+    want: GtidSet
+    first: tuple[str, int] | None = None
+
+    def file(self, conn: Mapping[str, Any], slave_id: int, journal: str) -> tuple[str, int] | None:
+        """Once the PREVIOUS_GTIDS and GTIDs of ``journal`` so far hold ``want``: ``first``,
+        else the end of the group (or PREVIOUS_GTIDS) that completed it; None if never."""
+        have, group = GtidSet(), None
+        with binlog_stream.peek_stream(
+            conn,
+            slave_id,
+            journal=journal,
+            offset=BINLOG_START_OFFSET,
+            only_events=_GTID_SCAN_EVENTS,
+        ) as stream:
+            while (ev := _next(stream, journal, BINLOG_START_OFFSET)) is not None:
+                if isinstance(ev, RotateEvent) and ev.next_binlog != journal:
+                    break
+                span = binlog_stream.event_span(ev)
+                if span.artificial or isinstance(ev, RotateEvent):
+                    continue
+                kind = classify(ev)
+                if isinstance(ev, PreviousGtidsEvent):
+                    have = have | ev.gtids
+                elif kind is EventKind.GTID:
+                    have = self._opens(ev, have, journal, span.start)
+                if kind in _GROUP_STARTS:
+                    group = kind
+                    continue
+                event = BinlogEvent(span.start, span.end, span.timestamp, kind, span.server_id)
+                ends = _ends_group(event, group)
+                if ends:
+                    group = None
+                if (ends or isinstance(ev, PreviousGtidsEvent)) and self.want <= have:
+                    return self.first or (journal, span.end)
+        return None
+
+    def _opens(self, ev: Any, have: GtidSet, journal: str, start: int) -> GtidSet:
+        """A group starts at ``start`` (a GTID or anonymous GTID event): ``have`` with it."""
+        gtid = str(ev.gtid) if isinstance(ev, GtidEvent) else None
+        if self.first is None and (gtid is None or gtid not in self.want):
+            self.first = (journal, start)
+        if gtid is None:
+            return have
+        uuid, _, number = gtid.rpartition(":")
+        return have.add(uuid, int(number))
 
 
 def _next(stream: Any, journal: str, offset: int) -> Any:

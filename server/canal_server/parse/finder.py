@@ -290,10 +290,10 @@ class _Run:
         return before is not None and before != self.server_id()
 
     def by_gtid(self, history: LogPosition) -> tuple[EntryPosition, FindReason] | None:
-        """Another database: where the history's MariaDB GTID state (or MySQL GTID set)
-        ends in its binlog (GTIDs keep their origin across replicas: an exact start, no
-        replay). None when the history has no such state or this database's binlog does
-        not hold it."""
+        """Another database: where a read of its binlog misses nothing a GTID dump from
+        the history's MariaDB GTID state (or MySQL GTID set) sends (GTIDs keep their
+        origin across replicas: no time fallback). None when the history has no such
+        state or this database's binlog does not hold it."""
         state = history.position.gtid
         known = is_mariadb_gtid_state(state) or is_mysql_gtid_set(state)
         if self.link.locate_gtid is None or not known:
@@ -307,7 +307,7 @@ class _Run:
             )  # fmt: skip
             return None
         log.warning(
-            "%s: %s: GTID state %s of %s ends at %s:%d on %s",
+            "%s: %s: after GTID state %s of %s, reading from %s:%d on %s",
             self.dest, FindReason.SWITCH_BY_GTID, state, history.identity.source_address,
             journal, offset, self.link.address,
         )  # fmt: skip
@@ -325,6 +325,9 @@ class _Run:
                 f"{self.dest}: cannot fall back by time from {history.position} of "
                 f"{history.identity.source_address}: it has no timestamp; {OPERATOR_HINT}"
             )
+        # before the cursor's own second at least (a search returns the latest boundary
+        # at or before its target's second: after every transaction of that second)
+        second_start = ts - ts % 1000
         target = max(ts - self.config.fallback_interval_s * 1000, 0)
         log.warning(
             "%s: %s: searching %s by time %d (last %s of %s, minus %ss)",
