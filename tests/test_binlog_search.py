@@ -114,13 +114,25 @@ def test_search_all_after_everything_is_the_last_boundary() -> None:
 
 
 def test_search_before_the_oldest_binlog() -> None:
-    files = {"b.3": _file(30, (31, 31)), "b.4": _file(40, (41, 41))}
+    """A GTID state at the oldest file's start: older binlogs held transactions and were
+    purged. Without one, only the server's first binlog (number 1) tells that history
+    starts there."""
+    files = {"b.000001": _file(30, (31, 31)), "b.000002": _file(40, (41, 41))}
     never_purged = FakeBinlogs(files, gtid_at_start="")
     journal, found = BinlogSearch(never_purged, never_purged).search_all(5_000)
-    assert (journal, found.offset) == ("b.3", 4)
+    assert (journal, found.offset) == ("b.000001", 4)
     purged = FakeBinlogs(files, gtid_at_start="0-1-40")
-    with pytest.raises(PurgedPosition, match=r"b\.3.*master\.timestamp"):
+    with pytest.raises(PurgedPosition, match=r"b\.000001.*0-1-40.*master\.timestamp"):
         BinlogSearch(purged, purged).search_all(5_000)
+
+
+def test_search_before_a_later_oldest_binlog_without_gtids_is_purged() -> None:
+    """MySQL with gtid_mode OFF: PREVIOUS_GTIDS is always empty, so an empty state does not
+    say that nothing came before. The oldest file is mysql-bin.000057: 1-56 were purged."""
+    files = {"mysql-bin.000057": _file(30, (31, 31)), "mysql-bin.000058": _file(40, (41, 41))}
+    no_gtids = FakeBinlogs(files, gtid_at_start="")
+    with pytest.raises(PurgedPosition, match=r"mysql-bin\.000057.*master\.timestamp"):
+        BinlogSearch(no_gtids, no_gtids).search_all(5_000)
 
 
 def test_transaction_begin() -> None:

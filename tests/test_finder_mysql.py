@@ -325,3 +325,22 @@ def test_purged_binlog_is_a_clear_error(tmp_path: Path) -> None:
             _finder(master=_config(srv, timestamp_ms=1000)).find(link)
         with pytest.raises(PurgedPosition, match=r"mysql-bin\.000056 from offset 4"):
             list(StreamEventSource(srv.dsn(), SLAVE_ID).read("mysql-bin.000056", 4))
+
+
+@pytest.mark.parametrize("number", ["000003", "000001"])
+def test_time_before_the_oldest_binlog_without_gtids(tmp_path: Path, number: str) -> None:
+    """gtid_mode OFF (MySQL 5.7.19's mysql-bin.000003 from Canal's tests: anonymous
+    GTIDs, an empty PREVIOUS_GTIDS): nothing in the file says what came before it.
+    Under its own name, 1-2 were purged: a time before it is PurgedPosition; as the
+    server's first binlog, history starts there."""
+    name = f"mysql-bin.{number}"
+    shutil.copy(FIXTURES / "canal__tsdb_mysql-bin.000003", tmp_path / name)
+    with MySQLReplayServer(tmp_path, clock=CLOCK, variables={"gtid_mode": "OFF"}) as srv:
+        finder = _finder(master=_config(srv, timestamp_ms=1000))
+        if number == "000003":
+            with pytest.raises(PurgedPosition, match=rf"{name}.*master\.timestamp"):
+                finder.find(_link(srv))
+            return
+        found = finder.find(_link(srv))
+    assert found.reasons == (R.TIME_SEARCH,)
+    assert (found.position.journal, found.position.offset, found.position.gtid) == (name, 4, "")

@@ -520,16 +520,27 @@ class BinlogSearch:
         return best
 
     def _before_oldest(self, oldest: str, target_ms: int) -> tuple[str, Boundary]:
-        """The target precedes every binlog: safe only if nothing came before the oldest."""
+        """The target precedes every binlog: safe only if nothing came before the oldest.
+
+        A GTID state at its start says older binlogs held transactions. An empty one
+        does not say the opposite (MySQL with gtid_mode OFF writes an empty
+        PREVIOUS_GTIDS in every file): only the server's first binlog (number 1) does.
+        """
         state = self.inspector.gtid_at(oldest, BINLOG_START_OFFSET)
         if state:
-            raise PurgedPosition(
-                f"no binlog reaches back to timestamp {target_ms} ms: the oldest, {oldest}, "
-                f"starts after it with GTID state {state} (older binlogs were purged); "
-                f"{OPERATOR_HINT}"
+            why = f"with GTID state {state} (older binlogs were purged)"
+        elif journal_seq(oldest)[1] != 1:
+            why = (
+                "and is not the server's first binlog (number 1): without a GTID state "
+                "nothing says that no older binlog was purged"
             )
-        first = self.first_event_time(oldest)
-        return oldest, Boundary(BINLOG_START_OFFSET, first, 0)
+        else:
+            first = self.first_event_time(oldest)
+            return oldest, Boundary(BINLOG_START_OFFSET, first, 0)
+        raise PurgedPosition(
+            f"no binlog reaches back to timestamp {target_ms} ms: the oldest, {oldest}, "
+            f"starts after it {why}; {OPERATOR_HINT}"
+        )
 
     def time_at(self, journal: str, offset: int) -> int:
         """Time (s) of the last event of ``journal`` that ends at or before ``offset``; the
