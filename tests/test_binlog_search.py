@@ -7,6 +7,7 @@ from collections.abc import Generator
 import pytest
 
 from canal_protocol.errors import PurgedPosition
+from canal_protocol.positions import EntryPosition, LogIdentity, LogPosition
 from canal_server.parse.binlog_search import (
     BinlogEvent,
     BinlogFile,
@@ -16,6 +17,8 @@ from canal_server.parse.binlog_search import (
     boundaries,
     open_group_start,
 )
+from canal_server.parse.finder import DatabaseLink, FinderConfig, FindReason, PositionFinder
+from canal_server.parse.logposition import MemoryLogPositionManager
 
 K = EventKind
 
@@ -151,3 +154,18 @@ def test_time_at_an_offset() -> None:
     assert search.time_at("b.1", 256 + 40) == 11  # after the first BEGIN
     assert search.time_at("b.1", 426) == 12  # after the first commit
     assert search.time_at("b.1", 596) == 14
+
+
+@pytest.mark.parametrize("interval_s", [0, 1])
+def test_fallback_reads_the_cursors_whole_second_again(interval_s: int) -> None:
+    """Two transactions commit in second 200 on the new database; the client's cursor
+    (from the old one) is at the first. A fallback by time starts before that second
+    whatever ``fallback_interval_s`` is (0 is valid): the second one is read."""
+    fake = FakeBinlogs({"b.000001": _file(100, (100, 100), (200, 200), (200, 200))})
+    cursor = EntryPosition("old.000009", 999, 7, "", 200_000)  # txns: 256, 426, 596..766
+    positions = MemoryLogPositionManager()
+    positions.persist("d", LogPosition(LogIdentity("127.0.0.1:1"), cursor))
+    finder = PositionFinder(FinderConfig("d", fallback_interval_s=interval_s), positions)
+    found = finder.find(DatabaseLink("127.0.0.1:2", fake, fake))
+    assert found.reasons == (FindReason.FALLBACK_SOURCE_SWITCH,)
+    assert (found.position.journal, found.position.offset) == ("b.000001", 426)

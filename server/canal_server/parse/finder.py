@@ -328,7 +328,7 @@ class _Run:
         # before the cursor's own second at least (a search returns the latest boundary
         # at or before its target's second: after every transaction of that second)
         second_start = ts - ts % 1000
-        target = max(ts - self.config.fallback_interval_s * 1000, 0)
+        target = max(min(ts - self.config.fallback_interval_s * 1000, second_start - 1), 0)
         log.warning(
             "%s: %s: searching %s by time %d (last %s of %s, minus %ss)",
             self.dest,
