@@ -24,7 +24,7 @@ from canal_ha.sandbox.mariadb import MariaDBServer
 from canal_protocol.entry import Entry, EntryType, EventType
 from canal_protocol.positions import EntryPosition
 from canal_server.parse.reader import BinlogReader, DetectingConfig, ReaderConfig, RunResult
-from canal_server.parse.transaction import TransactionAssembler, classify_ddl
+from canal_server.parse.transaction import NO_SKIP, Skip, TransactionAssembler, classify_ddl
 
 FAST_RETRY = RetryPolicy(initial_s=0.05, multiplier=2.0, max_delay_s=0.5)
 
@@ -348,7 +348,7 @@ def test_assembler_skips_what_was_delivered_before_a_reconnect() -> None:
     assert asm.committed.offset == tx1[-1].packet.log_pos
     assert asm.committed.gtid == "0-1-1"
     skip = asm.resume_skip
-    assert skip == ("0-1-2", 3)
+    assert skip == Skip("0-1-2", 3, by_gtid=True)
     # Resume from the committed position: tx2 again, from its start.
     again = TransactionAssembler(lambda es: got.append(list(es)), asm.committed, "0-1-1", 3, skip)
     for ev in tx2:
@@ -358,7 +358,7 @@ def test_assembler_skips_what_was_delivered_before_a_reconnect() -> None:
         [EntryType.TRANSACTIONBEGIN] + [EntryType.ROWDATA] * 6 + [EntryType.TRANSACTIONEND]
     )
     assert [r.after[0].value for e in tx2_entries for r in e.rows] == [200 + i for i in range(6)]
-    assert again.resume_skip == ("", 0)
+    assert again.resume_skip == NO_SKIP
 
 
 def test_a_second_loss_while_reading_a_transaction_again_keeps_its_skip() -> None:
@@ -371,11 +371,11 @@ def test_a_second_loss_while_reading_a_transaction_again_keeps_its_skip() -> Non
     first = TransactionAssembler(got.extend, start, "0-1-0", 3)
     for ev in tx1 + tx2[:7]:  # BEGIN + 5 rows of tx2 put (two pieces of 3)
         first.on_event(ev)
-    assert first.resume_skip == ("0-1-2", 6)
+    assert first.resume_skip == Skip("0-1-2", 6, by_gtid=True)
     second = TransactionAssembler(got.extend, first.committed, "0-1-1", 3, first.resume_skip)
     for ev in tx2[:2]:  # lost again while skipping
         second.on_event(ev)
-    assert second.resume_skip == ("0-1-2", 6)
+    assert second.resume_skip == Skip("0-1-2", 6, by_gtid=True)
     third = TransactionAssembler(got.extend, second.committed, "0-1-1", 3, second.resume_skip)
     for ev in tx2:
         third.on_event(ev)
@@ -384,6 +384,24 @@ def test_a_second_loss_while_reading_a_transaction_again_keeps_its_skip() -> Non
         [EntryType.TRANSACTIONBEGIN] + [EntryType.ROWDATA] * 6 + [EntryType.TRANSACTIONEND]
     )
     assert [r.after[0].value for e in tx2_entries for r in e.rows] == [200 + i for i in range(6)]
+
+
+def test_a_transaction_shorter_than_its_skip_still_ends() -> None:
+    """Another database has the same transaction (same GTID) in fewer rows events than
+    the entries already put: its END still reaches the sink, so the next BEGIN does not
+    land inside it."""
+    got: list[Entry] = []
+    start = EntryPosition(journal="f.000001", offset=100)
+    on_a = TransactionAssembler(got.extend, start, "0-1-1", 3)
+    for ev in _fake_tx(2, 140, 6)[:7]:  # BEGIN + 5 rows put, in two pieces
+        on_a.on_event(ev)
+    on_b = TransactionAssembler(got.extend, start, "0-1-1", 3, on_a.resume_skip)
+    for ev in _fake_tx(2, 400, 3) + _fake_tx(3, 500, 1):  # the same GTID, 3 rows events
+        on_b.on_event(ev)
+    assert [e.type for e in got] == [EntryType.TRANSACTIONBEGIN] + [EntryType.ROWDATA] * 5 + [
+        EntryType.TRANSACTIONEND, EntryType.TRANSACTIONBEGIN, EntryType.ROWDATA,
+        EntryType.TRANSACTIONEND,
+    ]  # fmt: skip
 
 
 def test_classify_ddl() -> None:

@@ -15,8 +15,12 @@ Reconnect: after a lost connection the reader resumes from the end of the last
 completed transaction (file/offset, or its GTID state in ``gtid_mode``) with the
 RetryPolicy's backoff. If part of the interrupted transaction had already been
 handed to the sink, the same number of entries of the replayed transaction (same
-GTID) is skipped, so nothing is delivered twice. ``dump_error_count`` counts
-consecutive failed dumps and is reset by the first event read after a reconnect.
+GTID) is skipped, so nothing is delivered twice. That holds across runs too (the
+sink's store lives on: ``run`` again after SWITCHED, or after an error): a resume on
+another database that starts before the same transaction (by its GTID state) skips
+them there; one that reads another transaction first ends the open one (see
+``canal_server.parse.transaction``). ``dump_error_count`` counts consecutive failed
+dumps and is reset by the first event read after a reconnect.
 
 Identity: ``identity.source_server_id`` is the ``@@server_id`` of the database that
 sends the dump (the server id of the dump's first, made-up Rotate event; replicated
@@ -58,7 +62,7 @@ from canal_server.parse import binlog_stream
 from canal_server.parse.binlog_search import SqlBinlogInspector
 from canal_server.parse.event_decoder import AnonymousGtidEvent
 from canal_server.parse.finder import DatabaseLink
-from canal_server.parse.transaction import Sink, TransactionAssembler
+from canal_server.parse.transaction import NO_SKIP, Sink, Skip, TransactionAssembler
 
 __all__ = ["BinlogReader", "DetectingConfig", "ReaderConfig", "RunResult"]
 
@@ -120,6 +124,13 @@ def address_of(dsn: Mapping[str, Any]) -> str:
     return f"{dsn['host']}:{dsn['port']}"
 
 
+def _elsewhere(skip: Skip) -> Skip:
+    """``skip`` for a run that may read another database: a GTID names the same
+    transaction there; a file position does not, so its transaction only ends there
+    (its key matches none)."""
+    return skip if skip.by_gtid or not skip.entries else skip._replace(key="")
+
+
 # -- the reader ----------------------------------------------------------------------------
 
 
@@ -144,7 +155,7 @@ class BinlogReader:
         self._start_failures = 0  # the source unreachable before reading began
         self._last: EntryPosition | None = None  # while a dump reads: see last_position
         self._asm: TransactionAssembler | None = None
-        self._skip: tuple[str, int] = ("", 0)
+        self._skip = NO_SKIP  # what the sink has of the transaction open at the last resume point
         self._server_id = 0  # @@server_id of the database read (0: no dump yet)
         self._identity: tuple[Mapping[str, Any], LogIdentity] | None = None
 
@@ -240,6 +251,7 @@ class BinlogReader:
         self._start_failures = 0
         self._last = start
         self._server_id = 0  # the finder chose ``start`` on whatever database answers now
+        self._skip = _elsewhere(self._skip)
         detector = self._start_detector()
         try:
             return self._dump_loop(start)
@@ -248,7 +260,6 @@ class BinlogReader:
                 detector.stop()
 
     def _dump_loop(self, start: EntryPosition) -> str:
-        self._skip = ("", 0)
         delays = self._delays()
         while not self._stop.is_set():
             if self._switch.is_set():

@@ -18,6 +18,14 @@ when the transaction ends, or, for a transaction of more than ``transaction_size
 entries, in pieces of ``transaction_size`` entries as they fill (BEGIN in the first
 piece, END in the last), so neither the reader nor the consumer holds an unbounded
 transaction. Only TRANSACTIONEND / DDL positions are resume points.
+
+Resuming inside a split transaction: a resume reads the open transaction again from its
+start, and ``Skip`` names the entries of it the sink already has. The first transaction
+the resume reads is the one it names (its GTID, or its file position on the same
+database): those entries are dropped again. Any other transaction first (the database
+read now does not go on with it: a switch to a standby that never got it, a resume by
+time) ends the open one with a TRANSACTIONEND at the boundary before that transaction,
+in the coordinates of the database read now, so no BEGIN is put inside it.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from pymysqlreplication.event import (
     GtidEvent,
@@ -50,7 +58,9 @@ from canal_server.parse.event_decoder import AnonymousGtidEvent
 from canal_server.parse.rows import RowsDecoder
 
 __all__ = [
+    "NO_SKIP",
     "Sink",
+    "Skip",
     "TransactionAssembler",
     "classify_ddl",
     "format_gtid_state",
@@ -132,12 +142,26 @@ def gtid_state_at(dsn: Mapping[str, Any], journal: str, offset: int) -> str:
 # -- events → entries --------------------------------------------------------------------
 
 
+class Skip(NamedTuple):
+    """The first ``entries`` entries of transaction ``key`` are in the sink already (put
+    before the dump was lost, or the reader switched sources). ``key`` is the
+    transaction's GTID (``by_gtid``: the same transaction on every database that has
+    it), else ``journal:offset`` of its start (on the database it was read from only)."""
+
+    key: str = ""
+    entries: int = 0
+    by_gtid: bool = False
+
+
+NO_SKIP = Skip()
+
+
 class TransactionAssembler:
     """Turns one dump's events into Entries and hands them to ``sink`` in pieces.
 
     ``committed`` is the position after the last completed transaction (a resume
-    point). ``skip`` = (gtid, n): drop the first n entries of that transaction (they
-    were delivered before a reconnect).
+    point). ``skip``: what the sink has of the transaction open before this resume (see
+    the module doc: dropped again, or that transaction ended first).
     """
 
     def __init__(
@@ -146,7 +170,7 @@ class TransactionAssembler:
         start: EntryPosition,
         gtid_state: str,
         transaction_size: int,
-        skip: tuple[str, int] = ("", 0),
+        skip: Skip = NO_SKIP,
     ) -> None:
         self._sink = sink
         self._size = transaction_size
@@ -163,8 +187,9 @@ class TransactionAssembler:
         self.delivered_upto = 0  # entries of the open transaction the sink has (or had)
         self._index = 0  # entries produced in the open transaction
         self._standalone = False
-        self._skip = skip
+        self._skip = skip  # until the first transaction opens
         self._skip_n = 0  # entries of the open transaction to drop (the sink has them)
+        self._group_at = -1  # MySQL: where the group of the next BEGIN began (its GTID event)
         self._decoder = RowsDecoder()
 
     @property
@@ -182,11 +207,12 @@ class TransactionAssembler:
         return self._in_tx
 
     @property
-    def resume_skip(self) -> tuple[str, int]:
+    def resume_skip(self) -> Skip:
         """What to skip after resuming from ``committed``: the open transaction's
-        delivered entries, or the skip not yet reached."""
+        delivered entries (those the sink had before this resume included), or the skip
+        not yet reached."""
         if self._in_tx and self.delivered_upto:
-            return (self._tx_key, self.delivered_upto)
+            return Skip(self._tx_key, self.delivered_upto, bool(self._gtid))
         return self._skip
 
     def on_event(self, ev: Any, span: binlog_stream.EventSpan | None = None) -> None:
@@ -222,7 +248,7 @@ class TransactionAssembler:
     def _emit(self, entry: Entry) -> None:
         self._index += 1
         if self._index <= self._skip_n:
-            return  # delivered before the reconnect
+            return  # put before this resume
         self._buffer.append(entry)
         if len(self._buffer) >= self._size:
             self._flush()
@@ -246,12 +272,33 @@ class TransactionAssembler:
         self._in_tx = True
         self._tx_key = self._gtid or f"{self.journal}:{span.start}"
         self._index = 0
-        gtid, skip_n = self._skip  # the sink has (had) these: kept by a later resume_skip
-        self._skip_n = self.delivered_upto = skip_n if gtid and gtid == self._tx_key else 0
+        self._skip_n = self.delivered_upto = 0
         self._standalone = standalone
+        if self._skip.entries:
+            self._resume(span)
         if not standalone:
             header = self._header(span, EventType.GTID)
             self._emit(self._entry(EntryType.TRANSACTIONBEGIN, header))
+
+    def _resume(self, span: Any) -> None:
+        """The first transaction after a resume inside one: the same one (drop what the
+        sink has of it again), or another: end the sink's open transaction first, at the
+        boundary before this one (a resume point on the database read now)."""
+        skip, self._skip = self._skip, NO_SKIP
+        if skip.key == self._tx_key:
+            self._skip_n = self.delivered_upto = skip.entries
+            return
+        at = self._group_at if self._group_at >= 0 else span.start
+        log.warning(
+            "transaction %s ends after its first %d entries: the resume reads %s at %s:%d "
+            "first, not the rest of it",
+            skip.key, skip.entries, self._tx_key, self.journal, at,
+        )  # fmt: skip
+        header = Header(
+            self.journal, at, at, span.server_id, span.timestamp * 1000,
+            skip.key if skip.by_gtid else "", "", "", EventType.QUERY,
+        )  # fmt: skip
+        self._sink([Entry(EntryType.TRANSACTIONEND, header, gtid_state=self._before)])
 
     def _mysql_gtid(self, ev: Any, span: Any) -> None:
         """MySQL: a GTID (or anonymous GTID) event announces the next transaction; it
@@ -261,6 +308,7 @@ class TransactionAssembler:
             self._in_tx = False
         self._gtid = ""
         self._before = self._state_text()
+        self._group_at = span.start
         if isinstance(ev, GtidEvent):
             self._gtid = str(ev.gtid)
             uuid, _, number = self._gtid.rpartition(":")
@@ -272,6 +320,7 @@ class TransactionAssembler:
             return
         header = self._header(span, EventType.QUERY)
         end = self._entry(EntryType.TRANSACTIONEND, header)
+        self._skip_n = 0  # never skipped (the same GTID in fewer events on another database)
         self._emit(end)
         self._complete(end)
 
@@ -281,7 +330,6 @@ class TransactionAssembler:
         self._in_tx = False
         self._before = self._state_text()
         self.delivered_upto = 0
-        self._skip = ("", 0)
 
     def _query(self, ev: Any, span: Any) -> None:
         sql = ev.query if isinstance(ev.query, str) else bytes(ev.query).decode("utf-8", "replace")
