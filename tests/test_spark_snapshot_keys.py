@@ -12,8 +12,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from serving_fixtures import IDENTITY, EntryFactory, position_of
 from spark_fixtures import EmbeddedConnector, arrow_rows, reading
 
-from canal_client.spark import CanalOptions, CanalStreamReader
+from canal_client.packed import PackedBatch, PackedEntry
+from canal_client.spark import CanalOptions, CanalStreamReader, Ledger
 from canal_client.spark_rows import Offset, Row, entry_rows
+from canal_protocol import Batch
 from canal_protocol.entry import Entry, TableColumns
 from canal_server.embedded import EmbeddedServer
 from canal_server.meta import MemoryMetaManager
@@ -80,3 +82,65 @@ def test_a_restart_from_a_checkpoint_inside_a_chunk_reads_the_rest_of_it(
     finally:
         reader.stop()
     assert [*rows, *more] == expected([*first, *chunk, *later])
+
+
+# -- a database switch: READ entries are ordered by the GTID state they follow ------------
+
+A, B = "10.0.0.1:3306", "10.0.0.2:3306"  # the old primary and the promoted standby
+
+
+def packed(entries: list[Entry]) -> tuple[PackedEntry, ...]:
+    return PackedBatch.of(Batch(1, entries)).entries
+
+
+def history(journal: str, transactions: int, offset: int) -> tuple[EntryFactory, list[Entry]]:
+    """A database's binlog with ``transactions`` transactions of server 1 (GTIDs 0-1-1 ...)
+    from ``offset`` on: the history both databases share."""
+    f = EntryFactory(journal)
+    f.offset = offset
+    return f, [e for _ in range(transactions) for e in f.tx()]
+
+
+def test_after_a_switch_the_transactions_after_a_read_entry_are_kept() -> None:
+    """The committed offset is a READ entry of database A (a Spark checkpoint inside a
+    chunk when A died); the promoted standby B, with lower binlog offsets, delivers the
+    last transaction again and then new ones: the new ones are kept, the old one not."""
+    _, old = history("mariadb-bin.000003", 5, 4000)
+    chunk = chunk_after(old[-1], 2 * ROWS_PER_ENTRY)
+    held = Ledger()
+    held.add(1, packed([*old, *chunk]), source=A)
+    floor = held.items[len(old) + 1].key  # the chunk's first READ entry
+    standby, again = history("mariadb-bin.000001", 5, 4)
+    standby.server_id = 2  # B's own transactions: 0-2-6 ...
+    new = standby.tx() + standby.tx() + standby.tx()
+    ledger = Ledger(floor=floor)
+    assert ledger.add(7, packed([*again[-3:], *new]), source=B) == len(new)
+    assert [it.key.pos for it in ledger.items] == [e.header.offset for e in new]
+
+
+def test_after_a_switch_a_chunk_read_again_at_the_same_gtid_state_is_kept() -> None:
+    """Nothing was written since A put its chunks: B, resuming at the mark after the
+    first one, reads the second again at the same GTID state, numbered from 1 at its own
+    position. The ledger holds the first and part of the second from A: B's chunk is kept
+    whole (READ rows twice rather than lost), also after a restart at the held key."""
+    _, old = history("mariadb-bin.000003", 5, 4000)
+    first = chunk_after(old[-1], ROWS_PER_ENTRY)
+    second = _chunk_entries(
+        SHAPE, [(i, f"s{i}") for i in range(300, 900)], position_of(old[-1]), len(first),
+        old[-1].gtid_state,
+    )  # fmt: skip
+    ledger = Ledger()
+    ledger.add(1, packed([*old, *first, *second[:3]]), source=A)
+    _, again = history("mariadb-bin.000001", 5, 4)
+    reread = chunk_after(again[-1], 600, first_id=300)
+    later = EntryFactory("mariadb-bin.000001")
+    later.offset, later.gtid_seq, later.server_id = again[-1].header.end_offset, 5, 2
+    new = later.tx()
+    top, kept = ledger.top, [*reread, *new[1:]]  # (that BEGIN starts at the chunk's offset:
+    # it sorts before the chunk, as delivered; it gives no rows)
+    assert ledger.add(2, packed([*again[-3:], *reread, *new]), source=B) == len(kept)
+    keys = [it.key for it in ledger.items]
+    assert keys == sorted(keys)
+    assert [it.key for it in ledger.between(top, ledger.top)] == keys[-len(kept) :]
+    restarted = Ledger(floor=top)
+    assert restarted.add(3, packed([*again[-3:], *reread, *new]), source=B) == len(kept)

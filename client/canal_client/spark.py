@@ -123,12 +123,14 @@ from canal_client.packed import PackedBatch, PackedEntry
 from canal_client.spark_arrow import record_batches
 from canal_client.spark_rows import (
     MIN_KEY,
+    READ_PLACE,
     UNKNOWN_SUB,
     EntryKey,
     Offset,
     entry_key,
     entry_timestamp_ms,
     gtid_of,
+    gtid_order,
 )
 from canal_client.spark_schema import (
     TypedTable,
@@ -643,14 +645,16 @@ class Ledger:
     def _place(self, entry: PackedEntry, source: str) -> EntryKey:
         key = entry_key(entry, source)
         prev, sub = self.prev, -1
-        if entry.type == "TRANSACTIONBEGIN":
-            sub = 0
-        elif key.same_event(self.floor):
+        if key.same_event(self.floor):
             sub = self.floor.sub
         elif (known := self._held(key)) is not None:
             sub = known
+        elif key.snap:
+            sub = self._read_place(key, source)
+        elif entry.type == "TRANSACTIONBEGIN":
+            sub = 0
         elif prev is not None and prev.sub >= 0 and key.gtid and prev.gtid == key.gtid:
-            sub = prev.sub + 1 if prev.source == source else -1
+            sub = prev.sub + 1 if prev.source == source and not prev.snap else -1
         if sub != key.sub:  # as ``replace(key, sub=sub)``, cheaper
             k = key
             key = EntryKey(
@@ -658,6 +662,22 @@ class Ledger:
             )
         self.prev = key
         return key
+
+    def _read_place(self, key: EntryKey, source: str) -> int:
+        """A snapshot entry's place (across databases it sorts by its GTID state, then
+        this, then its ordinal): after every entry of its state's transactions, as the
+        entry before it when that one is of its chunk; one further than a snapshot entry
+        of another database at the same state that it follows (a chunk read again after
+        a switch: the ordinals of two databases' positions say nothing of each other, so
+        it is kept, READ rows twice rather than lost)."""
+        prev, top = self.prev, self.top
+        if prev is not None and prev.snap and prev.source == source and prev.gtid == key.gtid:
+            return prev.sub
+        if top.snap and top.source and source and top.source != source:
+            seqs = gtid_order(top.gtid, key.gtid)
+            if seqs is not None and seqs[0] == seqs[1]:
+                return max(top.sub, READ_PLACE) + 1
+        return READ_PLACE
 
     def _held(self, key: EntryKey) -> int | None:
         """The place of the same event among the entries held (a delivery again)."""

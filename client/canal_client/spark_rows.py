@@ -37,19 +37,21 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 __all__ = [
     "ADDED_FIELDS",
     "FIELDS",
     "MIN_KEY",
+    "READ_PLACE",
     "EntryKey",
     "Offset",
     "entry_key",
     "entry_rows",
     "entry_timestamp_ms",
     "gtid_of",
+    "gtid_order",
     "value_text",
 ]
 
@@ -80,12 +82,43 @@ _SEQ = re.compile(r"\.(\d+)$")
 
 _GTID = re.compile(r"^(\d+)-(\d+)-(\d+)$")
 UNKNOWN_SUB = 1 << 30  # an entry's unknown place in its transaction sorts after the known
+READ_PLACE = UNKNOWN_SUB + 1  # a snapshot entry's: after every entry of its GTID state
 
 
 def gtid_of(gtid: str) -> tuple[int, int] | None:
     """``"0-1-42"`` → (domain, sequence number); None for anything else."""
     m = _GTID.match(gtid)
     return (int(m.group(1)), int(m.group(3))) if m else None
+
+
+@lru_cache(maxsize=4096)
+def _domains(gtid: str) -> dict[int, int] | None:
+    """A MariaDB GTID or GTID state (``"0-1-42,1-2-7"``) → {domain: sequence number};
+    None for anything else (MySQL's, none)."""
+    seqs: dict[int, int] = {}
+    for one in gtid.split(","):
+        parsed = gtid_of(one.strip())
+        if parsed is None:
+            return None
+        seqs[parsed[0]] = parsed[1]
+    return seqs
+
+
+def gtid_order(mine: str, theirs: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The sequence numbers that order two transactions (or GTID states, which a READ
+    entry carries) across databases: of the one domain of either, or of every domain
+    when both states have the same ones (states of one history compare that way); None
+    when they cannot be compared (other domains, no GTIDs, MySQL's)."""
+    a, b = _domains(mine), _domains(theirs)
+    if not a or not b:
+        return None
+    if len(a) > 1 and len(b) > 1:
+        same = a.keys() == b.keys()
+        return (tuple(a[d] for d in sorted(a)), tuple(b[d] for d in sorted(a))) if same else None
+    domain = next(iter(a if len(a) == 1 else b))
+    if domain not in a or domain not in b:
+        return None
+    return (a[domain],), (b[domain],)
 
 
 @dataclass(frozen=True)
@@ -100,9 +133,12 @@ class EntryKey:
     compressed transaction, whose entries all start at its payload event; 0 outside
     one) between ``pos`` and ``snap``. Keys of two databases (a database switch: other
     binlog names and offsets) compare by their transaction's GTID sequence number (same
-    GTID domain), ``sub``, the entry's place in its transaction (0: its BEGIN; -1:
-    unknown, after the known ones), and ``snap``; without GTIDs they fall back to binlog
-    order. ``end`` is where the next event starts (-1: unknown).
+    GTID domain; ``gtid_order``), ``sub``, the entry's place in its transaction (0: its
+    BEGIN; -1: unknown, after the known ones), and ``snap``; without GTIDs they fall back
+    to binlog order. A snapshot entry's ``gtid`` is the GTID state of the position it
+    was put at and its place at least ``READ_PLACE``: after every entry of the
+    transactions that state includes, before the next. ``end`` is where the next event
+    starts (-1: unknown).
     """
 
     base: str
@@ -123,13 +159,18 @@ class EntryKey:
             return cls(file, -1, pos, file, **place)
         return cls(file[: m.start()], int(m.group(1)), pos, file, **place)
 
+    def _place(self) -> int:
+        if self.snap:
+            return max(self.sub, READ_PLACE)
+        return self.sub if self.sub >= 0 else UNKNOWN_SUB
+
     def _orders(self, other: EntryKey) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         if self.source and other.source and self.source != other.source:
-            mine, theirs = gtid_of(self.gtid), gtid_of(other.gtid)
-            if mine is not None and theirs is not None and mine[0] == theirs[0]:
+            seqs = gtid_order(self.gtid, other.gtid)
+            if seqs is not None:
                 return (
-                    (mine[1], self.sub if self.sub >= 0 else UNKNOWN_SUB, self.snap),
-                    (theirs[1], other.sub if other.sub >= 0 else UNKNOWN_SUB, other.snap),
+                    (*seqs[0], self._place(), self.snap),
+                    (*seqs[1], other._place(), other.snap),
                 )
         return (
             (self.base, self.number, self.pos, self.part, self.snap),

@@ -872,15 +872,17 @@ def _chunk_entries(
     shape: TableShape, rows: Sequence[tuple[Value, ...]], at: LogPosition, ordinal: int,
     gtid_state: str,
 ) -> list[Entry]:  # fmt: skip
-    """BEGIN, READ entries of up to ``ROWS_PER_ENTRY`` rows, END, positioned after ``at``."""
+    """BEGIN, READ entries of up to ``ROWS_PER_ENTRY`` rows, END, positioned after ``at``.
+    Their ``header.gtid`` is the GTID state at ``at`` (``gtid_state``): what orders them
+    among a database switch's entries, which compare by GTID (docs/snapshot.md)."""
     p = at.position
     columns: TableColumns = shape.columns
     packed_columns = pack_columns(columns)
 
     def header(n: int, kind: EventType) -> Header:
         return Header(
-            p.journal, p.offset, p.offset, p.server_id, p.timestamp_ms, "", shape.schema,
-            shape.table, kind, n,
+            p.journal, p.offset, p.offset, p.server_id, p.timestamp_ms, gtid_state,
+            shape.schema, shape.table, kind, n,
         )  # fmt: skip
 
     out = [Entry(EntryType.TRANSACTIONBEGIN, header(ordinal + 1, EventType.READ),
