@@ -5,6 +5,7 @@ database switch."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -144,3 +145,51 @@ def test_after_a_switch_a_chunk_read_again_at_the_same_gtid_state_is_kept() -> N
     assert [it.key for it in ledger.between(top, ledger.top)] == keys[-len(kept) :]
     restarted = Ledger(floor=top)
     assert restarted.add(3, packed([*again[-3:], *reread, *new]), source=B) == len(kept)
+
+
+# -- a new leader re-puts the chunks of a micro-batch planned before it ----------------------
+
+
+def test_a_micro_batch_planned_over_a_chunk_is_replayed_after_a_new_term(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Micro-batch 1 was planned over a chunk and the transaction after it, never run;
+    the leader changed. The new term reads the binlog again from the cursor and puts the
+    chunk again after the next write, at another position (docs/snapshot.md, failover):
+    the old chunk's keys never come back. The replay takes the planned transaction's
+    entries (every one, checked) and the chunk comes in the next micro-batch: every row,
+    the chunk's once."""
+    f = EntryFactory()
+    tx1 = f.tx()
+    chunk = chunk_after(tx1[-1], 100)  # BEGIN, READ, END
+    tx2, tx3 = f.tx(), f.tx()
+    first = EventStore("d")
+    first.put([*tx1, *chunk, *tx2, *tx3], IDENTITY)
+    meta = MemoryMetaManager("d")  # the fenced meta the terms share
+    opts = CanalOptions(**{**OPTS.__dict__, "batch_size": 3})
+    old = EmbeddedServer("d", first, meta)
+    reader = CanalStreamReader(
+        opts, lambda _: EmbeddedConnector(old), reading(IDENTITY.source_address)
+    )
+    start = reader.initialOffset()
+    end0, rows = run_batch(reader, start, ReadMaxRows(len(tx1)))
+    end1 = reader.latestOffset(end0, ReadMaxRows(len(chunk) + len(tx2) - 1))
+    # (tx2's BEGIN starts at the chunk's offset: it sorts before the chunk, as delivered)
+    assert Offset.from_dict(end1).last.pos == tx2[-1].header.offset
+    reader.stop()  # the driver died before running micro-batch 1
+    again = EventStore("d")  # the new term: from the cursor (after tx1), the chunk later
+    again.put([*tx2, *tx3, *chunk_after(tx3[-1], 100)], IDENTITY)
+    new = EmbeddedServer("d", again, meta)
+    reader = CanalStreamReader(
+        opts, lambda _: EmbeddedConnector(new, epoch=2), reading(IDENTITY.source_address, 2)
+    )
+    try:
+        with caplog.at_level(logging.WARNING, "canal_client.spark"):
+            parts = reader.partitions(end0, end1)
+        assert "snapshot entries or BEGINs planned 3, there now 1 " in caplog.text
+        rows += arrow_rows(b for p in parts for b in reader.read(p))
+        end2, more = run_batch(reader, end1)
+        assert reader.latestOffset(end2, ReadAllAvailable()) == end2
+    finally:
+        reader.stop()
+    assert [*rows, *more] == expected([*tx1, *tx2, *tx3, *chunk_after(tx3[-1], 100)])

@@ -22,11 +22,13 @@ start in the binlog of the database the destination reads, and across a database
 (another database, other binlog names) the entry's GTID and place in its transaction.
 It is also how the source recognises entries a server delivers twice. An **offset** of
 the source is the JSON dict
-``{"v": 1, "total": n, "last": {"file": f, "pos": p, ...}, "batches": [ids]}`` (``last``
-also has the key's ``source``, ``gtid``, ``sub``, ``end``, ``part`` and ``snap`` when
-known): ``total`` entries since the query began, the key of the last of them, and the
+``{"v": 1, "total": n, "last": {"file": f, "pos": p, ...}, "batches": [ids], "loose": m}``
+(``last`` also has the key's ``source``, ``gtid``, ``sub``, ``end``, ``part`` and ``snap``
+when known): ``total`` entries since the query began, the key of the last of them, the
 server batches they came in (the batch ids are a hint for re-fetching; the key and the
-count are what makes a replay exact).
+count are what makes a replay exact), and how many of the entries were snapshot
+entries or BEGINs (a new leader puts snapshot chunks again elsewhere: a replay checks
+the count of the others).
 """
 
 from __future__ import annotations
@@ -228,27 +230,28 @@ MIN_KEY = EntryKey.of("", 0)
 
 @dataclass(frozen=True)
 class Offset:
-    """A point of the stream: ``total`` entries so far, the last one's key, its batches."""
+    """A point of the stream: ``total`` entries so far, the last one's key, its batches;
+    ``loose``: how many of the entries were snapshot entries or BEGINs, which a new
+    leader may deliver at other keys (None: not known, an offset of an older version)."""
 
     total: int = 0
     last: EntryKey = MIN_KEY
     batches: tuple[int, ...] = ()
+    loose: int | None = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "v": 1,
-            "total": self.total,
-            "last": self.last.to_dict(),
-            "batches": [*self.batches],
-        }
+        out = {"v": 1, "total": self.total, "last": self.last.to_dict(), "batches": [*self.batches]}
+        return out if self.loose is None else {**out, "loose": self.loose}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Offset:
         if d.get("v") != 1:
             raise ValueError(f"not an offset of the canal source: {d!r}")
+        loose = d.get("loose")
         return cls(
-            int(d["total"]), EntryKey.from_dict(d["last"]), tuple(int(b) for b in d["batches"])
-        )
+            int(d["total"]), EntryKey.from_dict(d["last"]), tuple(int(b) for b in d["batches"]),
+            None if loose is None else int(loose),
+        )  # fmt: skip
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:
