@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from typing import Any
 
+import httpx
 import pytest
 from client_fixtures import FakeCluster, entry_wire
 from memory_coordinator import MemoryCoordinator
@@ -19,6 +21,7 @@ from canal_client.resolver import EtcdResolver
 from canal_cluster.keys import Keys
 from canal_cluster.retry import RetryPolicy, wait_until
 from canal_cluster.running import ElectionConfig
+from canal_protocol import Batch
 from canal_protocol.errors import ClientError
 
 A, B = "http://127.0.0.1:7101", "http://127.0.0.1:7102"
@@ -213,3 +216,34 @@ def test_disconnect_stops_a_call_waiting_for_a_leader() -> None:
     t.join(30)
     assert not t.is_alive()
     assert len(failures) == 1 and isinstance(failures[0], ClientError), failures
+
+
+def exclusive(
+    coord: MemoryCoordinator, transport: httpx.BaseTransport, **kw: Any
+) -> ClusterConnector:
+    return ClusterConnector(
+        "example", "1001", coordinator=coord, transport=transport, retry=FAST,
+        exclusive=True, election=GATE_CFG, **kw,
+    )  # fmt: skip
+
+
+def offsets(batch: Batch) -> list[int]:
+    return [e.header.offset for e in batch.entries]
+
+
+def test_an_exclusive_connector_with_an_injected_coordinator_connects_again() -> None:
+    """Only a connector that made its own etcd client cannot connect again (docs/api.md):
+    the gate's monitor, which runs once, is a new one after ``disconnect``."""
+    coord = MemoryCoordinator()
+    fake = FakeCluster([A], leader=A, entries=[entry_wire(i) for i in range(3)])
+    fake.epoch = elect(coord, "n1", A)
+    conn = exclusive(coord, fake.transport())
+    conn.connect()
+    try:
+        conn.subscribe()
+        assert offsets(conn.get_without_ack(3, 30)) == [0, 100, 200]
+        conn.disconnect()
+        conn.connect()  # a new term of the client running key
+        assert offsets(conn.get_without_ack(3, 30)) == [0, 100, 200]  # rolled back: again
+    finally:
+        conn.disconnect()

@@ -6,11 +6,13 @@ loss of the role, so the connector drops its session (the batches it had out are
 rolled back by whoever is active next, which rolls back on connect). When the active
 process dies, its key expires with its lease and a waiting one takes over after the
 switch delay (Canal's ClientRunningMonitor). Giving the role up on ``stop()`` is a normal end
-(logged at INFO); losing it otherwise is a WARNING.
+(logged at INFO); losing it otherwise is a WARNING. A monitor runs once: ``stop()``
+makes a new one for the next ``start()`` (a connector connecting again).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -54,7 +56,8 @@ class ActiveGate:
         self._cond = threading.Condition()
         self._active_epoch: int | None = None
         self._generation = 0
-        self._monitor: RunningMonitor = client_running_monitor(
+        self._new_monitor = functools.partial(
+            client_running_monitor,
             coordinator,
             keys,
             destination,
@@ -64,6 +67,7 @@ class ActiveGate:
             on_gained=self._gained,
             on_lost=self._lost,
         )
+        self._monitor: RunningMonitor = self._new_monitor()
         self._started = False
         self._stopping = False
 
@@ -82,6 +86,7 @@ class ActiveGate:
         if self._started:
             self._stopping = True  # the role ends because we stop: not a warning
             self._monitor.stop(release=True)
+            self._monitor = self._new_monitor()  # a monitor runs once: start() runs this one
             self._started = False
         with self._cond:
             self._cond.notify_all()
