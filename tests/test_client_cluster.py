@@ -247,3 +247,124 @@ def test_an_exclusive_connector_with_an_injected_coordinator_connects_again() ->
         assert offsets(conn.get_without_ack(3, 30)) == [0, 100, 200]  # rolled back: again
     finally:
         conn.disconnect()
+
+
+class HeldGet:
+    """A transport in front of ``fake`` that holds the next get once ``arm`` is set:
+    a long poll in flight, which takes its batch only when ``release`` is set."""
+
+    def __init__(self, fake: FakeCluster) -> None:
+        self.fake = fake
+        self.arm, self.held, self.release = threading.Event(), threading.Event(), threading.Event()
+        self.refuse = False  # connections refused once the held get has its answer
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        if self.refuse:
+            raise httpx.ConnectError("connection refused", request=request)
+        if self.arm.is_set() and request.method == "POST" and request.url.path.endswith("/batches"):
+            self.arm.clear()
+            self.held.set()
+            assert self.release.wait(30)
+        return self.fake.handle(request)
+
+
+def cut_from_etcd(conn: ClusterConnector, coord: MemoryCoordinator) -> None:
+    """``conn``'s process loses etcd: its client monitor makes no keepalive, the role
+    ends at its fencing deadline, and etcd expires its lease (revoked here at once)."""
+    gate = conn._gate
+    assert gate is not None
+    lease = gate._monitor._lease
+    assert lease is not None
+    gate._monitor.stop(release=False)
+    wait_until(lambda: not gate.is_active(), "the consumer's role ended at its deadline", 30)
+    coord.revoke(lease)
+
+
+def lose_role_during_get(
+    coord: MemoryCoordinator, held: HeldGet, first: ClusterConnector, second: ClusterConnector
+) -> tuple[threading.Thread, list[Batch], Batch]:
+    """``first`` is active and its get waits at the leader (``held``) while it loses
+    etcd and ``second`` takes over (rolling back on connect) and gets its first batch;
+    then the held get takes a batch. The thread of that get, its result, ``second``'s batch."""
+    first.connect()
+    first.subscribe()
+    running = KEYS.client_running("example", "1001")
+    wait_until(lambda: coord.get(running) is not None, "the first consumer's running key", 30)
+    second.connect()
+    second.subscribe()
+    held.arm.set()
+    got: list[Batch] = []
+    t = threading.Thread(target=lambda: got.append(first.get_without_ack(3, 5)))
+    t.start()
+    assert held.held.wait(30)
+    cut_from_etcd(first, coord)
+    batch = second.get_without_ack(3, 30)  # waits for the role, rolls back, gets
+    return t, got, batch
+
+
+def test_a_batch_taken_after_the_role_was_lost_comes_to_the_next_active_consumer() -> None:
+    """A's get outlives its active role (A lost etcd, not the leader): the batch it takes
+    after B took over and rolled back on connect is dropped by A; B must receive it (B's
+    ack of the batch after it acks it too: unseen, lost)."""
+    coord = MemoryCoordinator()
+    fake = FakeCluster([A], leader=A, entries=[entry_wire(i) for i in range(12)])
+    fake.epoch = elect(coord, "n1", A)
+    held = HeldGet(fake)
+    first, second = (
+        exclusive(coord, httpx.MockTransport(held.handle)),
+        exclusive(coord, fake.transport()),
+    )
+    try:
+        t, got, batch = lose_role_during_get(coord, held, first, second)
+        held.release.set()
+        t.join(30)
+        assert got and got[0].is_empty  # dropped: not the active consumer
+        seen = offsets(batch)
+        while not batch.is_empty:
+            batch = second.get_without_ack(3, 0, ack=batch.id)
+            seen += offsets(batch)
+        assert seen == [100 * i for i in range(12)]
+    finally:
+        held.release.set()
+        first.disconnect()
+        second.disconnect()
+
+
+def test_a_dropped_batch_the_leader_cannot_take_back_is_given_up_in_bounded_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The rollback of a dropped batch is tried for ``request_timeout_s`` at most; then
+    the get returns (empty, not the active consumer) and an error names the batch."""
+    coord = MemoryCoordinator()
+    fake = FakeCluster([A], leader=A, entries=[entry_wire(i) for i in range(12)])
+    fake.epoch = elect(coord, "n1", A)
+    held = HeldGet(fake)
+    first = exclusive(coord, httpx.MockTransport(held.handle), request_timeout_s=0.5)
+    second = exclusive(coord, fake.transport())
+    try:
+        t, got, _ = lose_role_during_get(coord, held, first, second)
+        calls = len(fake.calls)
+        held.refuse = True  # the leader is no longer reachable once it answered the get
+        held.release.set()
+        t.join(30)
+        assert not t.is_alive() and got and got[0].is_empty
+        assert len(fake.calls) == calls + 1  # the get; no rollback got through
+        assert any("could not roll back batch 2" in r.getMessage() and r.levelno == logging.ERROR
+                   for r in caplog.records)  # fmt: skip
+    finally:
+        held.release.set()
+        first.disconnect()
+        second.disconnect()
+
+
+def test_an_active_consumers_long_poll_ends_by_its_fencing_deadline() -> None:
+    """Past the deadline another consumer can take over and roll back on connect: a
+    batch the poll took after that would be acked unseen by the next one's acks."""
+    coord = MemoryCoordinator()
+    fake = FakeCluster([A], leader=A, entries=[])
+    fake.epoch = elect(coord, "n1", A)
+    with exclusive(coord, fake.transport()) as conn:
+        conn.subscribe()
+        assert conn.get_without_ack(3, 30).is_empty
+    waits = [b["timeout_ms"] for b in fake.bodies if isinstance(b, dict) and "timeout_ms" in b]
+    assert waits and max(waits) <= (GATE_CFG.ttl_s - GATE_CFG.safety_margin_s) * 1000

@@ -366,6 +366,9 @@ class BlippingGate:
     def is_active(self) -> bool:
         return True
 
+    def valid_for(self) -> float:
+        return 60.0
+
     def wait_active(self, timeout_s: float) -> bool:
         return True
 

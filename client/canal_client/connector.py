@@ -41,9 +41,12 @@ Rules:
   of the deposed leader is dropped, and any answer with a lower epoch than one seen is
   refused (``StaleLeader``);
 - with an ``ActiveGate`` (ClientRunningMonitor) only the active consumer opens a
-  session; the others wait in ``get_without_ack`` (returning empty batches). A batch
-  that came while the role was lost is dropped (whoever is active next rolls it back),
-  except one the leader acked at once (``get``): nobody else would receive it;
+  session; the others wait in ``get_without_ack`` (returning empty batches). A get's
+  long poll ends by the role's fencing deadline (later, the next active consumer may
+  have rolled back on connect already). A batch that came while the role was lost is
+  dropped and rolled back in its session (best effort, for ``request_timeout_s``: the
+  next active consumer would ack it unseen with a later batch), except one the leader
+  acked at once (``get``): nobody else would receive it;
 - each leader change followed is logged on the ``canal_client`` logger with the
   destination, client id, old and new leader URL and epoch;
 - bounded waits: with ``connect_timeout_s``, ``connect()`` gives up (``RetryExhausted``,
@@ -82,6 +85,7 @@ from canal_cluster.retry import RetryPolicy
 from canal_cluster.running import ElectionConfig
 from canal_protocol import Batch
 from canal_protocol.errors import (
+    CanalError,
     ClientError,
     ConfigError,
     InvalidArgument,
@@ -517,19 +521,19 @@ class Connector:
         self._ack_taken = None
         with self._lock:
             rid, ack = self._request_id(ack)
-            body = {
-                "size": size, "timeout_ms": int(timeout_s * 1000), "auto_ack": auto_ack,
-                "layout": "compact", "request_id": rid,
-            }  # fmt: skip
+            body = {"size": size, "auto_ack": auto_ack, "layout": "compact", "request_id": rid}
             acked: list[bool] = []  # the last attempt's: did its request carry the ack
 
             def op(session: _Session) -> tuple[Any, _Session]:
                 path = f"{self._base()}/batches"
+                wait = self._poll_wait(timeout_s)
                 acking = ack is not None and not self._stale_ack(ack, session)
                 acked[:] = [acking]
-                sent = {**body, "ack": ack} if acking else body
+                sent = {**body, "timeout_ms": int(wait * 1000)}
+                if acking:
+                    sent["ack"] = ack
                 reply = self._request(
-                    session, "POST", path, sent, extra_timeout_s=timeout_s,
+                    session, "POST", path, sent, extra_timeout_s=wait,
                     tuples=not packed, raw=packed,
                 )  # fmt: skip
                 return make(reply), session
@@ -544,11 +548,15 @@ class Connector:
             if ack is not None:
                 self._ack_taken = acked == [True]
                 self._forget_batches("ack", ack)
+            if not auto_ack and self._lost_role(batch.id, session):
+                self._unanswered = None
+                self._give_back(batch.id, session)
+                return cast(B, none)
             if not auto_ack and self._reissued(batch.id, session):
                 self._unanswered = (rid, None)  # answered (its ack done): unanswered again
                 return self._get_again(batch.id, session, size, timeout_s, decode, empty)
             self._unanswered = None
-            return cast(B, self._handed_out(batch, session, auto_ack, none))
+            return cast(B, self._handed_out(batch, session, auto_ack))
 
     def _reissued(self, batch_id: int, session: _Session) -> bool:
         """An earlier session handed out a batch with this id, which the caller may still
@@ -586,24 +594,64 @@ class Connector:
         self._ack_taken = taken
         return batch
 
-    def _handed_out(self, batch: B, session: _Session, auto_ack: bool, none: B) -> B:
-        """``batch`` as the get returns it: recorded as outstanding in ``session``;
-        ``none`` when this consumer lost the active role meanwhile (the next active one
-        rolls it back), unless the leader acked it (``auto_ack``): nobody else gets it."""
+    def _poll_wait(self, timeout_s: float) -> float:
+        """How long the leader may wait for entries: ``timeout_s``, but with a gate only
+        until the active role's fencing deadline (``_Inactive`` once it passed): later,
+        another consumer may have taken over and rolled back on connect, and a batch the
+        poll took then would be acked unseen by that consumer's acks of later batches."""
+        if self._gate is None:
+            return timeout_s
+        left = self._gate.valid_for()
+        if left <= 0:
+            raise _Inactive("this consumer is no longer the active one for its client id")
+        return min(timeout_s, left)
+
+    def _lost_role(self, batch_id: int, session: _Session) -> bool:
+        """A get of ``session`` brought batch ``batch_id`` after this consumer lost the
+        active role (perhaps regained since)."""
+        gate = self._gate
+        if batch_id < 0 or gate is None:
+            return False
+        return not gate.is_active() or gate.generation != session.gate_gen
+
+    def _give_back(self, batch_id: int, session: _Session) -> None:
+        """Roll back batch ``batch_id``, dropped by a get that brought it after the role
+        was lost (``_lost_role``; a batch the leader acked, ``get()``, is kept: nobody
+        else gets it): the next active consumer may have rolled back on connect before
+        it was taken, and its ack of a later batch would ack this one unseen. Best effort:
+        in ``session`` only (a new leader's sessions roll back on connect), retried
+        through transport failures for ``request_timeout_s``; a late rollback only makes
+        the next consumer's batches after it come again."""
+        log.warning(
+            "%s/%s: dropped batch %d: no longer the active consumer; rolling it back",
+            self.destination, self.client_id, batch_id,
+        )  # fmt: skip
+        what = f"rollback of dropped batch {batch_id}"
+        path = f"{self._base()}/batches/{batch_id}/rollback"
+        policy = dataclasses.replace(self._retry, deadline_s=self._channel_args["timeout_s"])
+        try:
+            policy.call(
+                lambda: self._request(session, "POST", path), self._what(what),
+                (ServerUnreachable, LeaderUnavailable), self._logger(what),
+            )  # fmt: skip
+        except (UnknownBatch, NotSubscribed, Redirected, Abandoned, StaleLeader, _SessionLost):
+            log.info(  # the next active one rolled back after the get, or acked past it
+                "%s: not done: the batch is no longer outstanding or %s is no longer the "
+                "leader (its successor's sessions roll back on connect)",
+                self._what(what), session.url,
+            )  # fmt: skip
+        except CanalError as exc:
+            log.error(
+                "%s/%s: could not roll back batch %d, taken after this consumer lost the "
+                "active role (%s): if the active consumer acks a later batch of %s, the "
+                "entries of batch %d are lost",
+                self.destination, self.client_id, batch_id, exc, session.url, batch_id,
+            )  # fmt: skip
+
+    def _handed_out(self, batch: B, session: _Session, auto_ack: bool) -> B:
+        """``batch`` as the get returns it, recorded as outstanding in ``session``."""
         if batch.id < 0:
             return batch
-        if (
-            not auto_ack
-            and self._gate is not None
-            and (not self._gate.is_active() or self._gate.generation != session.gate_gen)
-        ):
-            log.warning(
-                "%s/%s: dropped batch %d: no longer the active consumer",
-                self.destination,
-                self.client_id,
-                batch.id,
-            )
-            return none
         if not auto_ack:
             self._batches[batch.id] = session.gen
         log.debug(

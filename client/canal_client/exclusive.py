@@ -3,11 +3,13 @@
 ``ActiveGate`` runs ``client_running_monitor`` on the client's running key. Only the
 holder consumes; the others wait in ``wait_active``. ``generation`` grows on every
 loss of the role, so the connector drops its session (the batches it had out are
-rolled back by whoever is active next, which rolls back on connect). When the active
-process dies, its key expires with its lease and a waiting one takes over after the
-switch delay (Canal's ClientRunningMonitor). Giving the role up on ``stop()`` is a normal end
-(logged at INFO); losing it otherwise is a WARNING. A monitor runs once: ``stop()``
-makes a new one for the next ``start()`` (a connector connecting again).
+rolled back by whoever is active next, which rolls back on connect; a batch that a get
+brings after the role was lost, the connector rolls back itself). A get's long poll
+waits at most ``valid_for()``: it ends before another consumer can take over. When the
+active process dies, its key expires with its lease and a waiting one takes over after
+the switch delay (Canal's ClientRunningMonitor). Giving the role up on ``stop()`` is a
+normal end (logged at INFO); losing it otherwise is a WARNING. A monitor runs once:
+``stop()`` makes a new one for the next ``start()`` (a connector connecting again).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import re
 import socket
 import threading
+import time
 import uuid
 
 from canal_client.resolver import refuse_if_denied
@@ -100,6 +103,13 @@ class ActiveGate:
         with self._cond:
             active = self._active_epoch is not None
         return active and self._monitor.is_leader()
+
+    def valid_for(self) -> float:
+        """Seconds left until the role's fencing deadline (0 when not active): past it
+        another consumer may take over, so a long poll must end by then."""
+        if not self.is_active():
+            return 0.0
+        return max(0.0, self._monitor.valid_until - time.monotonic())
 
     def wait_active(self, timeout_s: float) -> bool:
         with self._cond:  # woken by on_gained (is_leader() is already true then)
