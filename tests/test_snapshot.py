@@ -2,8 +2,9 @@
 in order ends with exactly the source table, under writers hammering the snapshotted keys;
 composite keys of several types; tables without a key refused; ALTER and CREATE during a
 snapshot; bad input; cancel; a resume from the marks (a new term) after a lost term, also
-at the very binlog position the last term put its chunks at; a transaction read in pieces
-while a chunk is ready."""
+at the very binlog position the last term put its chunks at, and of a snapshot that was
+done but whose last chunks the client had not acked; a transaction read in pieces while
+a chunk is ready."""
 
 from __future__ import annotations
 
@@ -260,6 +261,43 @@ def test_a_new_term_resumes_from_the_marks_at_the_min_cursor(
         assert 0 < resumed["rows"] <= consumer.reads
         wait_until(lambda: consumer.step(1000, 0.2) >= 0 and _state(pipe2, run) == "done",
                    "the snapshot ends in the next term", WAIT_S)  # fmt: skip
+        pipe2.wait_sunk()
+        consumer.drain()
+    finally:
+        pipe2.stop()
+    got, want = consumer.tables[f"{DB}.t"], table_rows(primary, DB, "t")
+    assert got == want, _diff(got, want)
+
+
+@pytest.mark.parametrize("write_between", [True, False], ids=["write", "no-write"])
+def test_a_new_term_puts_again_the_chunks_of_a_done_snapshot_clients_have_not_acked(
+    primary: Any, write_between: bool
+) -> None:
+    """The snapshot ends (done, in the meta) while the client has acked only its first
+    chunks; then the term ends. The next term's reader resumes at the client's cursor,
+    before the last chunks: they must be put again, or the client never gets those rows."""
+    meta = MemoryMetaManager("snap8")
+    pipe = SnapshotPipeline(primary, "snap8", 7410, chunk_rows=50, meta=meta).start()
+    consumer = Applier(pipe.server, "c", {f"{DB}.t": ("id",)})
+    try:
+        run = pipe.snapshots.create([f"{DB}\\.t"])
+        wait_until(lambda: consumer.step(7, 0.2) >= 0 and consumer.reads >= 1000, "1000 rows",
+                   WAIT_S)  # fmt: skip
+        done = pipe.wait_done(run["id"])  # the consumer acks nothing more
+        cursor = meta.cursor("c")
+    finally:
+        pipe.stop()
+    assert done["state"] == "done" and done["rows"] == KEYS and consumer.reads < KEYS
+    if write_between:
+        primary.execute(f"UPDATE {DB}.t SET v = v + 1 WHERE id % 10 = 0")
+    pipe2 = SnapshotPipeline(primary, "snap8", 7410, chunk_rows=50, meta=meta)
+    pipe2.server.subscribe("c")
+    assert cursor is not None
+    pipe2.start(cursor)
+    consumer.server = pipe2.server
+    try:
+        wait_until(lambda: consumer.step(1000, 0.2) >= 0 and _state(pipe2, run) == "done",
+                   "the snapshot ends again in the next term", WAIT_S)  # fmt: skip
         pipe2.wait_sunk()
         consumer.drain()
     finally:

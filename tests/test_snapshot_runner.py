@@ -1,8 +1,9 @@
 """The snapshot runner's logic, with a stand-in for the database (``FakeTables``) and the
 real sink, store and meta: a chunk never lands inside a transaction the reader puts in
 pieces; a new term at the same binlog position numbers its entries after what clients
-hold there; a mark is never placed before an earlier one; a lapse of leadership
-confirmation pauses the runner instead of ending it."""
+hold there; a mark is never placed before an earlier one; a done snapshot whose chunks a
+client has not acked runs again in the next term (and is kept past KEEP_FINISHED); a
+lapse of leadership confirmation pauses the runner instead of ending it."""
 
 from __future__ import annotations
 
@@ -241,6 +242,80 @@ def test_resume_never_takes_a_mark_after_an_earlier_one_past_the_cursor() -> Non
     run.marks = [Mark(at(R, 42), 0, (100,), True, 100, 10), Mark(at(R), 1, None, True, 0, 0)]
     run.add_mark(Mark(at(R, 45), 1, None, True, 0, 0), at(R, 10))
     assert [m.position for m in run.marks] == [at(R, 42), at(R), at(R, 45)]
+
+
+def _done_unacked(meta: MemoryMetaManager) -> None:
+    """A term puts all of db.t (10 chunks of 10 rows at R, marks (R, 3) ... (R, 30) and
+    the empty last read's, (R, 30) too) and the run is done; client c acks nothing."""
+    meta.subscribe("c", "")
+    meta.update_cursor("c", at(R))
+    term = Term(meta).start(at(R))
+    try:
+        term.snapshots.create(["db\\.t"])
+        term.wait_done("s1")
+    finally:
+        term.close()
+    assert term.run("s1").marks[-1].position == at(R, 30)
+
+
+def test_a_done_snapshot_whose_chunks_a_client_has_not_acked_runs_again(
+    tables: FakeTables,
+) -> None:
+    """c acked through (R, 7) when the term that finished s1 ended: the next term's reader
+    resumes there, so s1 is running again from its mark (R, 6) (20 rows) and puts every
+    row after (20,) again, after c's cursor."""
+    meta = MemoryMetaManager(DEST)
+    _done_unacked(meta)
+    cursor = at(R, 7)
+    meta.update_cursor("c", cursor)
+    lapse = Lapse()  # the runner puts nothing until confirmed: the state is the resumed one
+    term = Term(meta, vouched=lapse).start(cursor)
+    try:
+        resumed = term.run("s1")
+        assert (resumed.state, resumed.rows, resumed.finished_ms) == ("running", 20, 0)
+        assert term.snapshots.get("s1")["tables_done"] == 0
+        lapse.confirmed.set()
+        term.wait_done("s1")
+        entries = term.entries()
+    finally:
+        term.close()
+    delivered = [e for e in entries if is_after(LogPosition(IDENTITY, e.position()), cursor)]
+    assert read_keys(delivered) == list(range(21, 101))
+    assert term.run("s1").rows == 100
+
+
+def test_a_done_snapshot_every_client_acked_stays_done(tables: FakeTables) -> None:
+    meta = MemoryMetaManager(DEST)
+    _done_unacked(meta)
+    meta.update_cursor("c", at(R, 30))  # c acked the last chunk
+    term = Term(meta).start(at(R, 30))
+    try:
+        assert term.run("s1").state == "done"  # start_term decided: nothing to put again
+        assert term.snapshots.get("s1")["rows"] == 100
+    finally:
+        term.close()
+
+
+def test_keep_finished_keeps_a_done_snapshot_a_client_has_not_acked(
+    tables: FakeTables,
+) -> None:
+    """More than KEEP_FINISHED snapshots end while c acks nothing: none of them is dropped
+    from the meta (a next leader must put their chunks again)."""
+    meta = MemoryMetaManager(DEST)
+    meta.subscribe("c", "")
+    meta.update_cursor("c", at(R))
+    term = Term(meta).start(at(R))
+    ids = []
+    try:
+        for _ in range(snapshot_module.KEEP_FINISHED + 2):
+            ids.append(term.snapshots.create(["db\\.u"])["id"])
+            term.wait_done(ids[-1])
+    finally:
+        term.close()
+    assert [r["id"] for r in term.snapshots.runs()] == ids
+    assert sorted(k for k in meta.extras() if k.startswith("snapshots/")) == sorted(
+        f"snapshots/{i}" for i in ids
+    )
 
 
 class Lapse:

@@ -21,8 +21,10 @@ from then on follows the changes. Progress (per table: the last key emitted, row
 chunks; and "marks": which chunk ended at which stream position) is part of the
 destination's fenced meta (``snapshots/{id}``); a new leader resumes after the last
 mark at or before the minimum client cursor (where its reader resumes; every earlier
-mark too), so every chunk emitted after that position is read again. ``Snapshots`` is
-the destination's manager (API calls, the term's runner thread).
+mark too), so every chunk emitted after that position is read again: also those of a
+done snapshot, which runs again while a mark of it lies after that cursor (and is kept
+past ``KEEP_FINISHED`` meanwhile). ``Snapshots`` is the destination's manager (API
+calls, the term's runner thread).
 """
 
 from __future__ import annotations
@@ -290,6 +292,10 @@ class SnapshotRun:
         p.after, p.done, p.rows, p.chunks = keep.after, keep.done, keep.rows, keep.chunks
         self.current = keep.table + 1 if keep.done else keep.table
 
+    def acked(self, cursor: LogPosition | None) -> bool:
+        """Every chunk it put is acked: all its marks lie at or before ``cursor``."""
+        return _newest_acked(self.marks, cursor) == len(self.marks) - 1
+
     def add_mark(self, mark: Mark, cursor: LogPosition | None) -> None:
         """Record a chunk; drop marks older than the newest one at or before ``cursor``.
         Past ``MAX_MARKS`` every second mark after that one goes (the etcd value stays
@@ -427,7 +433,7 @@ class Snapshots:
             )  # fmt: skip
             self._runs[run.id] = run
             self._save(run)
-            self._prune()
+            self._prune(term.min_cursor())
         self._flush_now()
         self._wake.set()
         log.info("%s: snapshot %s of %s started", self.destination, run.id, ", ".join(names))
@@ -543,8 +549,13 @@ class Snapshots:
     def _save(self, run: SnapshotRun) -> None:
         self._meta.set_extra(PREFIX + run.id, run.to_json())
 
-    def _prune(self) -> None:
-        finished = [r for r in self._ordered() if r.state not in ACTIVE]
+    def _prune(self, cursor: LogPosition | None) -> None:
+        """Drop the oldest ended runs beyond ``KEEP_FINISHED``; a done one whose chunks a
+        client has not acked stays (a next term puts them again: ``start_term``)."""
+        finished = [
+            r for r in self._ordered()
+            if r.state not in ACTIVE and (r.state != "done" or r.acked(cursor))
+        ]  # fmt: skip
         for run in finished[: max(0, len(finished) - KEEP_FINISHED)]:
             del self._runs[run.id]
             self._meta.set_extra(PREFIX + run.id, None)
@@ -579,6 +590,8 @@ class Snapshots:
             cursor = term.min_cursor()
             used = _ordinals_used(self._meta, self._runs.values())
             for run in self._runs.values():
+                if run.state == "done" and not run.acked(cursor):
+                    self._reopen(run, cursor, term.epoch)
                 if run.state in ACTIVE:
                     run.resume(cursor)
                     self._save(run)
@@ -598,6 +611,15 @@ class Snapshots:
             daemon=True,
         )  # fmt: skip
         self._thread.start()
+
+    def _reopen(self, run: SnapshotRun, cursor: LogPosition | None, epoch: int) -> None:
+        last = run.marks[-1].position
+        log.warning(
+            "%s: snapshot %s was done, but a client has not acked its chunks up to %s (min "
+            "cursor %s), where this term's reader resumes: it is running again and puts "
+            "those chunks again (epoch %d)", self.destination, run.id, last, cursor, epoch,
+        )  # fmt: skip
+        run.state, run.finished_ms = "running", 0
 
     def stop_term(self) -> None:
         """The term ended (its stop event is set and its store closed): wait for the runner."""
