@@ -254,6 +254,9 @@ def test_up_prints_the_cause_when_no_node_can_lead(tmp_path: Path) -> None:
             "INSERT INTO t_stuck.t VALUES (1)",
         )
         assert take_rows(leader_url(workdir), "stuck", {1}) == [1]  # acked: a cursor
+        # a change the client has not read: purged with the binlog of the cursor, no start
+        # (without it the cursor's GTID state is where the new binlog begins: nothing lost)
+        primary.execute("INSERT INTO t_stuck.t VALUES (2)")
         primary.purge_binary_logs()
     finally:
         assert run_cli("down", "--workdir", str(workdir)).returncode == 0
