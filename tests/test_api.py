@@ -19,6 +19,7 @@ from reader_fixtures import collect_leaked_sockets
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
 from canal_protocol import Batch
+from canal_protocol.batch import PIECE_BYTES
 
 TOKEN = "s3cret-token"
 DB = "t_api"
@@ -214,6 +215,42 @@ def test_compact_layout_carries_the_same_rows(
         ("id", key, False, False), ("b", b"\x01", True, False), ("d", None, True, True),
     ]  # fmt: skip
     assert [c.value for c in changes[3].before] == [key + 1, None, None]
+
+
+def test_a_batch_of_megabytes_arrives_whole_in_pieces(sandbox: Sandbox, leader: NodeProc) -> None:
+    """A compact msgpack batch larger than ``PIECE_BYTES`` is sent in pieces of whole
+    entries under one Content-Length: the body is complete and decodes to every row."""
+    rows, size = 24, 200_000  # 4.8 MB: several pieces, several entries each
+    sandbox.primary.execute(f"CREATE TABLE IF NOT EXISTS {DB}.big (id INT PRIMARY KEY, p LONGBLOB)")
+    headers = {"Accept": MSGPACK, "Content-Type": MSGPACK}
+    got: dict[Any, Any] = {}
+    with leader.client(headers=headers) as http:
+        c = "pieces"
+        sub = http.put(f"{base(c)}/subscription", content=msgpack.packb({"filter": f"{DB}\\.big"}))
+        assert sub.status_code == 200, sub.content
+        sandbox.primary.execute(
+            *(
+                f"INSERT INTO {DB}.big VALUES ({i}, REPEAT(CHAR(65 + {i}), {size}))"
+                for i in range(rows)
+            )
+        )
+        attempts, largest = 0, 0
+        while len(got) < rows and attempts < 20:
+            attempts += 1
+            body = msgpack.packb({"size": 1000, "timeout_ms": 2000, "layout": "compact"})
+            r = http.post(f"{base(c)}/batches", content=body)
+            assert r.status_code == 200, r.content
+            assert int(r.headers["content-length"]) == len(r.content)
+            largest = max(largest, len(r.content))
+            batch = Batch.from_wire(msgpack.unpackb(r.content))
+            for entry in batch.entries:
+                if entry.images is not None and entry.header.table == "big":
+                    got.update({row[0]: row[1] for row in entry.images.after})
+            if batch.id != -1:
+                http.post(f"{base(c)}/batches/{batch.id}/ack")
+    assert sorted(got) == list(range(rows)), sorted(got)
+    assert all(got[i] == bytes([65 + i]) * size for i in range(rows))
+    assert largest > PIECE_BYTES  # the pieces' path was taken
 
 
 def test_standby_redirects_to_the_leader(leader: NodeProc, standby: NodeProc) -> None:

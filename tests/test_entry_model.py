@@ -19,6 +19,7 @@ from canal_protocol.entry import (
     RowImages,
     TableColumns,
 )
+from canal_protocol.positions import LogPosition
 from canal_server.packed import PackedRows
 
 COLS = TableColumns(("id", "b", "s"), ("int", "varbinary(4)", "varchar(8)"), (True, False, False))
@@ -102,3 +103,23 @@ def test_packed_rows_read_and_encode_like_their_images() -> None:
     assert msgpack.unpackb(batch.pack_compact()) == msgpack.unpackb(
         msgpack.packb(batch.to_wire(compact=True), use_bin_type=True)
     )
+
+
+def test_compact_pieces_join_to_the_whole_and_split_between_entries() -> None:
+    """``pack_compact_pieces``: whole entries per piece, each piece at most the size
+    asked (an entry alone may exceed it), joined byte for byte ``pack_compact``."""
+    entries = [
+        _entry(EventType.INSERT, _packed(RowImages(COLS, after=((i, b"x" * i, "s"),))), 4 + i)
+        for i in range(40)
+    ]
+    start = LogPosition.from_dict({"position": {"journal": "bin.000001", "offset": 4}})
+    for batch in (Batch(3, entries, start, start), Batch(4, entries[:1]), Batch.empty()):
+        whole = batch.pack_compact()
+        sizes = [len(pack_compact_entry(e)) for e in batch.entries]
+        limit = max(sizes, default=1) * 3
+        pieces = batch.pack_compact_pieces(piece_bytes=limit)
+        assert b"".join(pieces) == whole
+        assert len(pieces) >= max(1, len(batch.entries) // 3)
+        assert all(len(p) <= limit + 64 for p in pieces)  # 64: the map's head and tail
+    one = Batch(5, entries[:3]).pack_compact_pieces(piece_bytes=1)
+    assert len(one) == 3 and b"".join(one) == Batch(5, entries[:3]).pack_compact()

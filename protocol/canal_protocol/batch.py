@@ -22,9 +22,13 @@ import msgpack
 from canal_protocol.entry import Entry, EntryType
 from canal_protocol.positions import LogPosition
 
-__all__ = ["EMPTY_BATCH_ID", "Batch", "PrePacked", "pack_compact_entry"]
+__all__ = ["EMPTY_BATCH_ID", "PIECE_BYTES", "Batch", "PrePacked", "pack_compact_entry"]
 
 EMPTY_BATCH_ID = -1
+# ``pack_compact_pieces``: about this many bytes a piece. A batch of thousands of rows is
+# megabytes; one buffer of that size is a fresh mmap on each get whose batch outgrows the
+# last one freed (~2,000 page faults, ~3.5 ms for 8 MiB). Pieces this size are reused.
+PIECE_BYTES = 1 << 20
 
 
 @runtime_checkable
@@ -107,19 +111,39 @@ class Batch:
 
     def pack_compact(self, pack_entry: Callable[[Entry], bytes] = pack_compact_entry) -> bytes:
         """msgpack of ``to_wire(compact=True)``, joined from each entry's bytes."""
+        return b"".join(self.pack_compact_pieces(pack_entry))
+
+    def pack_compact_pieces(
+        self,
+        pack_entry: Callable[[Entry], bytes] = pack_compact_entry,
+        piece_bytes: int = PIECE_BYTES,
+    ) -> list[bytes]:
+        """``pack_compact``'s bytes in pieces of whole entries, each about ``piece_bytes``
+        or less (one entry larger than that is a piece of its own): a sender writes them
+        one after the other, with no copy of the whole batch in one buffer."""
         ranged = self._ranged()
         packer = msgpack.Packer(use_bin_type=True)
-        parts = [
+        head = [
             packer.pack_map_header(2 + len(ranged)),
             packer.pack("id"),
             packer.pack(self.id),
             packer.pack("entries"),
             packer.pack_array_header(len(self.entries)),
-            *(pack_entry(e) for e in self.entries),
         ]
+        tail = []
         for key, value in ranged.items():
-            parts += [packer.pack(key), packer.pack(value)]
-        return b"".join(parts)
+            tail += [packer.pack(key), packer.pack(value)]
+        pieces: list[bytes] = []
+        piece, size = head, 0
+        for entry in self.entries:
+            packed = pack_entry(entry)
+            if size and size + len(packed) > piece_bytes:
+                pieces.append(b"".join(piece))
+                piece, size = [], 0
+            piece.append(packed)
+            size += len(packed)
+        pieces.append(b"".join(piece + tail))
+        return pieces
 
     @classmethod
     def from_wire(cls, d: dict[str, Any], binary_as_base64: bool = False) -> Batch:

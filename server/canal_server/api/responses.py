@@ -4,6 +4,7 @@ middleware that puts ``X-Canal-Epoch`` on every other response."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import Request
@@ -15,7 +16,7 @@ from canal_protocol.batch import Batch
 from canal_server.api.encoding import MSGPACK, encode, wants_msgpack
 from canal_server.node import Node
 
-__all__ = ["EpochHeader", "respond"]
+__all__ = ["EpochHeader", "PiecesResponse", "respond"]
 
 _DEST_PATH = re.compile(r"^/v1/destinations/([^/]+)")
 
@@ -35,9 +36,32 @@ def respond(
     if isinstance(data, Batch):
         compact = layout == "compact"
         if compact and wants_msgpack(request):
-            return Response(data.pack_compact(), status, headers, media_type=MSGPACK)
+            return PiecesResponse(data.pack_compact_pieces(), status, headers)
         data = data.to_wire(compact=compact)
     return encode(request, data, status, headers)
+
+
+class PiecesResponse(Response):
+    """A msgpack body sent as the pieces it was packed in (``Batch.pack_compact_pieces``),
+    one body message each, under one ``Content-Length``: no buffer holds the whole
+    batch (a fresh one of 8 MiB cost a get ~3.5 ms of page faults)."""
+
+    def __init__(
+        self, pieces: list[bytes], status_code: int = 200, headers: Mapping[str, str] | None = None
+    ) -> None:
+        self.pieces = pieces
+        super().__init__(None, status_code, headers, MSGPACK)
+        length = str(sum(len(piece) for piece in pieces)).encode()
+        self.raw_headers = [h for h in self.raw_headers if h[0] != b"content-length"]
+        self.raw_headers.append((b"content-length", length))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start = {"type": "http.response.start", "status": self.status_code}
+        await send({**start, "headers": self.raw_headers})
+        pieces = self.pieces or [b""]
+        last = len(pieces) - 1
+        for i, piece in enumerate(pieces):
+            await send({"type": "http.response.body", "body": piece, "more_body": i < last})
 
 
 class EpochHeader:
