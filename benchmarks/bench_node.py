@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import gc
 import importlib
+import json
 import multiprocessing
 import os
 import random
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,6 +23,7 @@ from typing import Any
 
 import psutil
 
+from benchmarks import e2e_consumer
 from benchmarks.bench_cluster import (
     DEST,
     FAST_ELECTION,
@@ -28,7 +32,14 @@ from benchmarks.bench_cluster import (
     stop_all,
     wait_leader,
 )
-from benchmarks.bench_common import Context, NotYet, median_runs, percentile, warnings_of
+from benchmarks.bench_common import (
+    REPO,
+    Context,
+    NotYet,
+    median_runs,
+    percentile,
+    warnings_of,
+)
 from benchmarks.bench_data import COLUMNS, SCHEMA, TX_ROWS, row_select
 from canal_cluster.retry import wait_until
 
@@ -58,134 +69,94 @@ def _require() -> Any:
     return importlib.import_module("canal_client.connector")
 
 
-def _touch(batch: Any) -> int:
-    """Values in a client batch, reading every value of every row image (as the zongji
-    peer does: its rows are objects of column name -> value, ours value tuples with the
-    entry's column names once)."""
-    touched = 0
-    for entry in batch.entries:
-        images = entry.images
-        if images is None:
-            continue
-        for image in images.before:
-            for value in image:
-                if value is not None:
-                    touched += 1
-        for image in images.after:
-            for value in image:
-                if value is not None:
-                    touched += 1
-    return touched
-
-
-@dataclass
-class _Tally:
-    """Rows received, told apart from redeliveries by the entry's binlog position."""
-
-    rows: int = 0
-    duplicate_rows: int = 0
-    batches: int = 0
-    seen: set[tuple[str, int]] = field(default_factory=set)
-
-    def add(self, batch: Any) -> None:
-        self.batches += 1
-        for entry in batch.entries:
-            key = (entry.header.logfile, entry.header.offset)
-            if key in self.seen:
-                self.duplicate_rows += entry.row_count
-            else:
-                self.seen.add(key)
-                self.rows += entry.row_count
-        _touch(batch)
-
-
-# -- end to end ------------------------------------------------------------------------------
-
-
 def _e2e(ctx: Context, wire: str) -> dict[str, Any]:
-    """``ctx.repeat`` runs, each with a fresh node and client id (median, as the readers);
-    alternating with them as many with a prefetching client (A/B, reported beside)."""
-    runs, ahead = [], []
+    """``ctx.repeat`` rounds, each with a fresh node and client id per run (median, as the
+    readers): the consumer in a process of its own, get after get (the headline); the
+    same with a prefetching stream; and, for continuity with the runs before session 11,
+    the get loop inside this process (``in_harness_*``, reported beside)."""
+    runs, ahead, inside = [], [], []
     for run in range(ctx.repeat):
-        runs.append(_e2e_once(ctx, wire, run, prefetch=False))
-        ahead.append(_e2e_once(ctx, wire, run, prefetch=True))
-    with_prefetch = median_runs(ahead)
+        runs.append(_e2e_once(ctx, wire, run, prefetch=False, own_process=True))
+        ahead.append(_e2e_once(ctx, wire, run, prefetch=True, own_process=True))
+        inside.append(_e2e_once(ctx, wire, run, prefetch=False, own_process=False))
+    with_prefetch, in_harness = median_runs(ahead), median_runs(inside)
     return {
         **median_runs(runs),
         "prefetch_rows_per_s": with_prefetch["rows_per_s"],
         "prefetch_runs": with_prefetch["runs"],
+        "in_harness_rows_per_s": in_harness["rows_per_s"],
+        "in_harness_runs": in_harness["runs"],
     }
 
 
-def _read_prefetched(conn: Any, tally: _Tally, rows: int, t0: float) -> float:
-    """Read ``rows`` row changes through the connector's stream with prefetch (the next
-    get in flight while a batch is read; acks on a later get); commit the last batch.
-    Returns when the last row was read (the stream's close, which waits for the get in
-    flight, a long poll with nothing left to read, is not timed)."""
-    done_at = 0.0
-    with conn.stream(BATCH_SIZE, 1.0, prefetch=True) as batches:
-        for batch in batches:
-            if time.perf_counter() - t0 > E2E_TIMEOUT_S:
-                raise TimeoutError(f"{tally.rows} of {rows} rows after {E2E_TIMEOUT_S}s")
-            if not batch.is_empty:
-                tally.add(batch)
-            if tally.rows >= rows:
-                done_at = time.perf_counter()
-                batches.commit()
-                break
-    return done_at
-
-
-def _read_in_turn(conn: Any, tally: _Tally, rows: int, t0: float) -> float:
-    """Read ``rows`` row changes get after get, each get carrying the ack of the batch
-    before; ack the last batch. Returns when the last row was read."""
-    done: int | None = None
-    done_at = 0.0
-    while tally.rows < rows:
-        if time.perf_counter() - t0 > E2E_TIMEOUT_S:
-            raise TimeoutError(f"{tally.rows} of {rows} rows after {E2E_TIMEOUT_S}s")
-        batch = conn.get_without_ack(BATCH_SIZE, 1.0, ack=done)
-        done = None
-        if not batch.is_empty:
-            tally.add(batch)
-            done = batch.id
-    done_at = time.perf_counter()
-    if done is not None:
-        conn.ack(done)
-    return done_at
-
-
-def _e2e_once(ctx: Context, wire: str, run: int, prefetch: bool) -> dict[str, Any]:
+def _consume_here(url: str, wire: str, rows: int) -> dict[str, Any]:
+    """The get loop of ``e2e_consumer`` run in this process (the measure until session 10)."""
     connector = _require()
+    tally = e2e_consumer.Tally()
+    t0 = time.perf_counter()
+    with (
+        warnings_of("canal_client") as client_warnings,
+        connector.SimpleConnector(url, DEST, f"e2e-{wire}", wire=wire) as conn,
+    ):
+        conn.subscribe(start="earliest")  # the dataset was written before: from its start
+        connected_s = time.perf_counter() - t0
+        done_at = e2e_consumer.read_in_turn(conn, tally, rows, t0, BATCH_SIZE, E2E_TIMEOUT_S)
+    return {
+        "rows": tally.rows, "duplicate_rows": tally.duplicate_rows, "batches": tally.batches,
+        "seconds": done_at - t0, "client_connect_s": connected_s,
+        "client_warnings": len(client_warnings), "first_client_warnings": client_warnings[:3],
+    }  # fmt: skip
+
+
+def _consume_apart(url: str, wire: str, rows: int, prefetch: bool) -> dict[str, Any]:
+    """``python -m benchmarks.e2e_consumer`` in a process of its own; its JSON line."""
+    argv = [
+        sys.executable, "-m", "benchmarks.e2e_consumer", "--url", url, "--destination", DEST,
+        "--client-id", f"e2e-{wire}", "--wire", wire, "--rows", str(rows),
+        "--batch-size", str(BATCH_SIZE), "--timeout-s", str(E2E_TIMEOUT_S),
+        *(["--prefetch"] if prefetch else []),
+    ]  # fmt: skip
+    wait_s = E2E_TIMEOUT_S + 60.0
+    try:
+        done = subprocess.run(
+            argv, cwd=REPO, capture_output=True, text=True, timeout=wait_s, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"the e2e consumer did not finish within {wait_s:.0f}s") from exc
+    if done.returncode != 0:
+        tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+        raise RuntimeError(f"the e2e consumer exited {done.returncode}: {tail}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _e2e_once(
+    ctx: Context, wire: str, run: int, prefetch: bool, own_process: bool
+) -> dict[str, Any]:
+    _require()
     ds = ctx.dataset
     master = {"journal_name": ds.journal, "position": ds.offset}
-    nodes = start_nodes(ctx, 1, f"e2e-{wire}-{run}", destination={"master": master})
-    tally = _Tally()
+    label = f"e2e-{wire}-{run}{'-ahead' if prefetch else ''}{'' if own_process else '-here'}"
+    nodes = start_nodes(ctx, 1, label, destination={"master": master})
     try:
         wait_leader(nodes)
-        t0 = time.perf_counter()
-        with (
-            warnings_of("canal_client") as client_warnings,
-            connector.SimpleConnector(nodes[0].url, DEST, f"e2e-{wire}", wire=wire) as conn,
-        ):
-            conn.subscribe(start="earliest")  # the dataset was written before: from its start
-            connected_s = time.perf_counter() - t0
-            done_at = (_read_prefetched if prefetch else _read_in_turn)(conn, tally, ds.rows, t0)
-            elapsed = done_at - t0
+        if own_process:
+            got = _consume_apart(nodes[0].url, wire, ds.rows, prefetch)
+        else:
+            got = _consume_here(nodes[0].url, wire, ds.rows)
     finally:
         stop_all(nodes)
-    if tally.rows != ds.rows:
-        raise RuntimeError(f"the client got {tally.rows} row changes, the binlog has {ds.rows}")
+    if got["rows"] != ds.rows:
+        raise RuntimeError(f"the client got {got['rows']} row changes, the binlog has {ds.rows}")
     return {
-        "rows": tally.rows, "seconds": round(elapsed, 3), "rows_per_s": tally.rows / elapsed,
-        "duplicate_rows": tally.duplicate_rows, "batches": tally.batches,
+        **got, "seconds": round(got["seconds"], 3), "rows_per_s": got["rows"] / got["seconds"],
+        "client_connect_s": round(got["client_connect_s"], 3),
         "batch_size_entries": BATCH_SIZE, "wire": wire,
-        "client_connect_s": round(connected_s, 3),
-        "client_warnings": len(client_warnings), "first_client_warnings": client_warnings[:3],
-        "path": "leader node -> REST -> SimpleConnector, get_without_ack carrying the ack of "
-        "the batch before; prefetch_*: Connector.stream(prefetch=True), the next get in "
-        "flight (a worker thread) while one is read; timed to the last row read",
-        "prefetch": prefetch,
+        "path": "leader node -> REST -> SimpleConnector in a process of its own "
+        "(benchmarks/e2e_consumer.py), get_without_ack carrying the ack of the batch "
+        "before; prefetch_*: Connector.stream(prefetch=True), the next get in flight (a "
+        "worker thread) while one is read; in_harness_*: the get loop inside the benchmark's "
+        "process; timed from the connector's creation to the last row read",
+        "prefetch": prefetch, "own_process": own_process,
     }  # fmt: skip
 
 

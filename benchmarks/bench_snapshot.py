@@ -26,7 +26,8 @@ import httpx
 from benchmarks.bench_cluster import DEST, start_nodes, stop_all, wait_leader
 from benchmarks.bench_common import Context, Unavailable
 from benchmarks.bench_data import COLUMNS, SCHEMA
-from benchmarks.bench_node import BATCH_SIZE, _require, _touch
+from benchmarks.bench_node import BATCH_SIZE, _require
+from benchmarks.e2e_consumer import touch as _touch
 
 __all__ = ["TABLE", "make_table", "snapshot", "snapshot_rss"]
 
