@@ -41,6 +41,10 @@ def _note(record: dict[str, Any]) -> str:
     notes = []
     if "runs" in record:
         notes.append("runs: " + ", ".join(f"{r:,.0f}" for r in record["runs"]))
+    if "prefetch_rows_per_s" in record:
+        notes.append(f"stream (prefetch) {record['prefetch_rows_per_s']:,.0f}")
+    if "in_harness_rows_per_s" in record:
+        notes.append(f"in the harness's process {record['in_harness_rows_per_s']:,.0f}")
     if record.get("duplicate_rows") or record.get("client_warnings"):
         notes.append(
             f"redelivered rows {record.get('duplicate_rows', 0):,}, "
