@@ -152,10 +152,12 @@ def _e2e_once(
         "client_connect_s": round(got["client_connect_s"], 3),
         "batch_size_entries": BATCH_SIZE, "wire": wire,
         "path": "leader node -> REST -> SimpleConnector in a process of its own "
-        "(benchmarks/e2e_consumer.py), get_without_ack carrying the ack of the batch "
-        "before; prefetch_*: Connector.stream(prefetch=True), the next get in flight (a "
-        "worker thread) while one is read; in_harness_*: the get loop inside the benchmark's "
-        "process; timed from the connector's creation to the last row read",
+        "(benchmarks/e2e_consumer.py; startup objects frozen out of the GC, as the node and "
+        "the latency consumer do), get_without_ack carrying the ack of the batch before; "
+        "prefetch_*: Connector.stream(prefetch=True), the next get in flight (a worker "
+        "thread) while one is read; in_harness_*: the get loop inside the benchmark's "
+        "process (no freeze: the measure until session 10); timed from the connector's "
+        "creation to the last row read",
         "prefetch": prefetch, "own_process": own_process,
     }  # fmt: skip
 
