@@ -9,6 +9,7 @@ through the lane.
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,6 +19,7 @@ import msgpack
 import pytest
 
 from canal_protocol import Batch
+from canal_protocol.entry import Entry, EntryType, Header
 from canal_protocol.errors import NotSubscribed
 from canal_server.api.access import Access
 from canal_server.api.lane import BatchLane
@@ -30,17 +32,21 @@ ADMIN, LIMITED = "admin-token", "consumer-token"
 
 
 class _Server:
-    """The leader's ``EmbeddedServer``: records the gets it is asked."""
+    """The leader's ``EmbeddedServer``: records the gets it is asked, and the thread each
+    ran in. ``ready``: the batch there already (else every get answers an empty one)."""
 
-    def __init__(self, fail: Exception | None = None) -> None:
+    def __init__(self, fail: Exception | None = None, ready: Batch | None = None) -> None:
         self.gets: list[tuple[Any, ...]] = []
+        self.threads: list[threading.Thread] = []
         self.fail = fail
+        self.ready = ready
 
     def get_without_ack(self, *args: Any) -> Batch:
         self.gets.append(("get_without_ack", *args))
+        self.threads.append(threading.current_thread())
         if self.fail is not None:
             raise self.fail
-        return Batch(7)
+        return self.ready or Batch(7)
 
     def get(self, *args: Any) -> Batch:
         self.gets.append(("get", *args))
@@ -106,10 +112,28 @@ def test_a_usual_get_is_served_by_the_lane() -> None:
     assert r.status_code == 200
     assert r.headers["x-canal-epoch"] == "3"
     assert msgpack.unpackb(r.content) == {"id": 7, "entries": []}
-    assert server.gets == [("get_without_ack", "c1", 5, 0.25, "r-1", 4)]
+    # nothing there: a try without waiting on the event loop, then the long poll in a
+    # worker thread (the try's ack is done: the poll's is a no-op)
+    assert server.gets == [
+        ("get_without_ack", "c1", 5, 0.0, "r-1", 4),
+        ("get_without_ack", "c1", 5, 0.25, "r-1", 4),
+    ]
+    assert server.threads[0] is threading.main_thread()  # anyio.run's loop: this thread
+    assert server.threads[1] is not threading.main_thread()
     r = h.call("POST", json={"auto_ack": True})  # JSON, Canal's get
     assert r.json() == {"id": 8, "entries": []}
     assert server.gets[-1] == ("get", "c1", 1000, 0.0, None, None)
+
+
+def test_a_batch_that_is_there_is_taken_on_the_event_loop() -> None:
+    """No hop to a worker thread and back when the first try (no wait) has a batch."""
+    entry = Entry(EntryType.TRANSACTIONBEGIN, Header("bin.000001", 4, 50, 1, 0, "0-1-1"))
+    server = _Server(ready=Batch(9, [entry]))
+    h = _Harness(server)
+    r = h.call("POST", json={"size": 5, "timeout_ms": 250, "request_id": "r-2"})
+    assert r.status_code == 200 and r.json()["id"] == 9, r.text
+    assert server.gets == [("get_without_ack", "c1", 5, 0.0, "r-2", None)]
+    assert server.threads == [threading.main_thread()]
 
 
 def test_an_error_of_the_get_is_answered_as_the_app_answers_it() -> None:

@@ -199,12 +199,19 @@ class LeaderLookup:
                     raise
             await anyio.sleep(0.01)
 
-    async def call(self, fn: Callable[[EmbeddedServer], T], op: str = "") -> tuple[T, int]:
+    async def call(
+        self, fn: Callable[[EmbeddedServer], T], op: str = "", here: bool = False
+    ) -> tuple[T, int]:
         """``fn(server)`` on the leader, in a worker thread; (result, epoch). Errors
-        become answers (``api_error_of``); 503 when the leadership ended meanwhile."""
+        become answers (``api_error_of``); 503 when the leadership ended meanwhile.
+        ``here``: on the event loop instead, for a call that never waits (a get with
+        no wait: the store's and the client's locks, held for microseconds)."""
         server, epoch = await self.ready_leader()
         try:
-            result = await in_thread(self.request, lambda: fn(server))
+            if here:
+                result = fn(server)
+            else:
+                result = await in_thread(self.request, lambda: fn(server))
         except CanalError as exc:
             err = api_error_of(exc, self.destination, op)
             if err is None:

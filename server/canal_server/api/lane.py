@@ -6,7 +6,11 @@ its dependencies, the exception and exit-stack middleware) cost a get more CPU t
 taking its batch from the store (docs/benchmarks.md). The lane, an ASGI middleware
 inside ``EpochHeader``, serves a get without them, through the same parts the route
 uses: the token's ``Access`` grant, the ``BatchRequest`` model, ``LeaderLookup`` (its
-``call`` runs the get in a worker thread and maps errors) and ``respond``.
+``call`` runs the get and maps errors) and ``respond``. The get is first tried on the
+event loop without waiting: a batch that is there already is answered without the hop
+to a worker thread and back (two cross-thread wake-ups, each of which waited for a
+core at 5,000 tx/s: docs/benchmarks.md, session 11); a long poll that found nothing
+then waits in a worker thread.
 
 It takes a get only when nothing about it is unusual: a known token allowed on the
 path (or a node without tokens), a body that validates, a leader serving on this node.
@@ -26,6 +30,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from canal_protocol.batch import Batch
 from canal_protocol.errors import CanalError
 from canal_server.api import models as m
 from canal_server.api.access import Access
@@ -64,7 +69,7 @@ class BatchLane:
             await self.app(scope, replay, send)
             return
         try:
-            batch, epoch = await lead.call(taker(lead.client_id, get))
+            batch, epoch = await _take(lead, get)
         except ApiError as err:
             await encode(request, err.body(), err.status, err.headers)(scope, replay, send)
             return
@@ -120,6 +125,21 @@ def _valid(request: Request, body: bytes | None) -> m.BatchRequest | None:
         return m.BatchRequest.model_validate(data) if isinstance(data, dict) else None
     except (ApiError, ValidationError):
         return None
+
+
+async def _take(lead: LeaderLookup, get: m.BatchRequest) -> tuple[Batch, int]:
+    """The get: first on the event loop without waiting (a batch that is there already
+    costs no hop to a worker thread and back: two cross-thread wake-ups, each waiting
+    for a core on a busy machine); else, for a long poll, in a worker thread. The first
+    try's ack is done, so the second's is a no-op; a request id is remembered only with
+    a batch taken."""
+    if get.timeout_ms > 0:
+        now = get.model_copy(update={"timeout_ms": 0})
+        batch, epoch = await lead.call(taker(lead.client_id, now), here=True)
+        if not batch.is_empty:
+            return batch, epoch
+    result: tuple[Batch, int] = await lead.call(taker(lead.client_id, get))
+    return result
 
 
 def _leads(lead: LeaderLookup) -> bool:
