@@ -32,7 +32,7 @@ from canal_protocol.errors import (
     UnknownSnapshot,
     UnknownTable,
 )
-from canal_protocol.positions import LogIdentity
+from canal_protocol.positions import LogIdentity, LogPosition
 from canal_server.config import SnapshotSection
 from canal_server.meta import MemoryMetaManager
 from canal_server.parse.snapshot import ChunkReader, NoSnapshotKey
@@ -227,6 +227,28 @@ def test_composite_key_of_several_types_alter_and_create_during_the_snapshot(
     assert all(t_rows[k] == source[k] or "w" not in t_rows[k] for k in source)
 
 
+def _next_term(
+    primary: Any,
+    destination: str,
+    slave_id: int,
+    meta: MemoryMetaManager,
+    cursor: LogPosition | None,
+    consumer: Applier,
+    write_between: bool,
+) -> SnapshotPipeline:
+    """The destination's next term (the same meta and slave_id, as every node of it has),
+    its reader resuming from the min cursor (the consumer's), started and handed to the
+    consumer; ``write_between``: an UPDATE is committed between the terms."""
+    if write_between:
+        primary.execute(f"UPDATE {DB}.t SET v = v + 1 WHERE id % 10 = 0")
+    pipe2 = SnapshotPipeline(primary, destination, slave_id, chunk_rows=50, meta=meta)
+    pipe2.server.subscribe("c")
+    assert cursor is not None
+    pipe2.start(cursor)
+    consumer.server = pipe2.server
+    return pipe2
+
+
 @pytest.mark.parametrize("write_between", [True, False], ids=["write", "no-write"])
 def test_a_new_term_resumes_from_the_marks_at_the_min_cursor(
     primary: Any, write_between: bool
@@ -247,15 +269,7 @@ def test_a_new_term_resumes_from_the_marks_at_the_min_cursor(
         pipe.stop()  # the term ends mid-snapshot; the consumer acked part of it
     state = pipe.snapshots.get(run["id"])
     assert state["state"] == "running" and state["rows"] < KEYS
-    # the next term: same meta, reader resumes from the min cursor (the consumer's)
-    if write_between:
-        primary.execute(f"UPDATE {DB}.t SET v = v + 1 WHERE id % 10 = 0")
-    # the destination's slave_id, as every node of it has
-    pipe2 = SnapshotPipeline(primary, "snap4", 7404, chunk_rows=50, meta=meta)
-    pipe2.server.subscribe("c")
-    assert cursor is not None
-    pipe2.start(cursor)
-    consumer.server = pipe2.server
+    pipe2 = _next_term(primary, "snap4", 7404, meta, cursor, consumer, write_between)
     try:
         resumed = pipe2.snapshots.get(run["id"])
         assert 0 < resumed["rows"] <= consumer.reads
@@ -288,13 +302,7 @@ def test_a_new_term_puts_again_the_chunks_of_a_done_snapshot_clients_have_not_ac
     finally:
         pipe.stop()
     assert done["state"] == "done" and done["rows"] == KEYS and consumer.reads < KEYS
-    if write_between:
-        primary.execute(f"UPDATE {DB}.t SET v = v + 1 WHERE id % 10 = 0")
-    pipe2 = SnapshotPipeline(primary, "snap8", 7410, chunk_rows=50, meta=meta)
-    pipe2.server.subscribe("c")
-    assert cursor is not None
-    pipe2.start(cursor)
-    consumer.server = pipe2.server
+    pipe2 = _next_term(primary, "snap8", 7410, meta, cursor, consumer, write_between)
     try:
         wait_until(lambda: consumer.step(1000, 0.2) >= 0 and _state(pipe2, run) == "done",
                    "the snapshot ends again in the next term", WAIT_S)  # fmt: skip

@@ -212,18 +212,23 @@ def test_a_new_term_at_the_same_position_numbers_after_the_clients_cursors(
     assert positions == sorted(positions) and positions[0] > cursor.position.sort_key
 
 
-def test_the_mark_of_an_empty_chunk_is_not_before_the_chunk_it_follows(
-    tables: FakeTables,
-) -> None:
-    """db.t's last read (100 rows in chunks of 10: the 11th read is empty) ends the table
-    without entries: its mark goes at the last entry put, not back at the reader's R."""
-    meta = MemoryMetaManager(DEST)
+def _snapshot_done(meta: MemoryMetaManager) -> Term:
+    """A term from R that runs snapshot s1 of db.t to done; closed."""
     term = Term(meta).start(at(R))
     try:
         term.snapshots.create(["db\\.t"])
         term.wait_done("s1")
     finally:
         term.close()
+    return term
+
+
+def test_the_mark_of_an_empty_chunk_is_not_before_the_chunk_it_follows(
+    tables: FakeTables,
+) -> None:
+    """db.t's last read (100 rows in chunks of 10: the 11th read is empty) ends the table
+    without entries: its mark goes at the last entry put, not back at the reader's R."""
+    term = _snapshot_done(MemoryMetaManager(DEST))
     marks = [m.position.position.sort_key for m in term.run("s1").marks]
     assert len(marks) == 11 and marks == sorted(marks), marks
     assert marks[-1] == at(R, 30).position.sort_key
@@ -249,12 +254,7 @@ def _done_unacked(meta: MemoryMetaManager) -> None:
     the empty last read's, (R, 30) too) and the run is done; client c acks nothing."""
     meta.subscribe("c", "")
     meta.update_cursor("c", at(R))
-    term = Term(meta).start(at(R))
-    try:
-        term.snapshots.create(["db\\.t"])
-        term.wait_done("s1")
-    finally:
-        term.close()
+    term = _snapshot_done(meta)
     assert term.run("s1").marks[-1].position == at(R, 30)
 
 
