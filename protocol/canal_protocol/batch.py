@@ -12,6 +12,7 @@ decoder's output) are joined in as they are, without a Python object per value.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -110,8 +111,10 @@ class Batch:
         return self.to_wire(binary_as_base64=True)
 
     def pack_compact(self, pack_entry: Callable[[Entry], bytes] = pack_compact_entry) -> bytes:
-        """msgpack of ``to_wire(compact=True)``, joined from each entry's bytes."""
-        return b"".join(self.pack_compact_pieces(pack_entry))
+        """msgpack of ``to_wire(compact=True)``, joined from each entry's bytes (one
+        piece without a size bound: joined once, not joined again)."""
+        (whole,) = self.pack_compact_pieces(pack_entry, piece_bytes=sys.maxsize)
+        return whole
 
     def pack_compact_pieces(
         self,
