@@ -38,6 +38,8 @@ __all__ = [
     "warm_routes",
 ]
 
+log = logging.getLogger(__name__)
+
 GRACEFUL_S = 3
 # How long a thread may hold the GIL while another waits for it (Python's default: 5 ms).
 # The binlog reader is CPU-bound under load; every request crosses threads (event loop ->
@@ -72,8 +74,6 @@ class _NodeServer(uvicorn.Server):
         self._on_exit()
         super().handle_exit(sig, frame)
 
-
-log = logging.getLogger(__name__)
 
 # a path no route has: the warm-up request walks every router without matching one
 WARM_UP_PATH = "/v1/.warm-up"
