@@ -90,22 +90,12 @@ def _e2e(ctx: Context, wire: str) -> dict[str, Any]:
 
 
 def _consume_here(url: str, wire: str, rows: int) -> dict[str, Any]:
-    """The get loop of ``e2e_consumer`` run in this process (the measure until session 10)."""
-    connector = _require()
-    tally = e2e_consumer.Tally()
-    t0 = time.perf_counter()
-    with (
-        warnings_of("canal_client") as client_warnings,
-        connector.SimpleConnector(url, DEST, f"e2e-{wire}", wire=wire) as conn,
-    ):
-        conn.subscribe(start="earliest")  # the dataset was written before: from its start
-        connected_s = time.perf_counter() - t0
-        done_at = e2e_consumer.read_in_turn(conn, tally, rows, t0, BATCH_SIZE, E2E_TIMEOUT_S)
-    return {
-        "rows": tally.rows, "duplicate_rows": tally.duplicate_rows, "batches": tally.batches,
-        "seconds": done_at - t0, "client_connect_s": connected_s,
-        "client_warnings": len(client_warnings), "first_client_warnings": client_warnings[:3],
-    }  # fmt: skip
+    """``e2e_consumer``'s get loop run in this process (the measure until session 10)."""
+    with warnings_of("canal_client") as client_warnings:
+        return e2e_consumer.consume(
+            url, DEST, f"e2e-{wire}", wire=wire, rows=rows, batch_size=BATCH_SIZE,
+            timeout_s=E2E_TIMEOUT_S, prefetch=False, warnings=client_warnings,
+        )  # fmt: skip
 
 
 def _consume_apart(url: str, wire: str, rows: int, prefetch: bool) -> dict[str, Any]:

@@ -26,7 +26,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Tally", "read_in_turn", "read_prefetched", "touch"]
+from canal_client.connector import SimpleConnector
+
+__all__ = ["Tally", "consume", "read_in_turn", "read_prefetched", "touch"]
 
 
 def touch(batch: Any) -> int:
@@ -120,29 +122,32 @@ class _Count(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def consume(args: argparse.Namespace) -> dict[str, Any]:
-    """Connect, subscribe from the earliest position, read ``args.rows`` row changes."""
-    from canal_client.connector import SimpleConnector  # the client, imported untimed
-
-    if args.freeze:
-        gc.collect()
-        gc.freeze()
-
-    warnings = _Count()
-    logging.getLogger("canal_client").addHandler(warnings)
-    logging.getLogger("canal_client").setLevel(logging.WARNING)
+def consume(
+    url: str,
+    destination: str,
+    client_id: str,
+    *,
+    wire: str,
+    rows: int,
+    batch_size: int,
+    timeout_s: float,
+    prefetch: bool,
+    warnings: list[str],
+) -> dict[str, Any]:
+    """Connect, subscribe from the earliest position, read ``rows`` row changes; timed
+    from the connector's creation. ``warnings``: where the caller collects the client's
+    warnings meanwhile (counted in the result)."""
     tally = Tally()
-    read = read_prefetched if args.prefetch else read_in_turn
+    read = read_prefetched if prefetch else read_in_turn
     t0 = time.perf_counter()
-    with SimpleConnector(args.url, args.destination, args.client_id, wire=args.wire) as conn:
+    with SimpleConnector(url, destination, client_id, wire=wire) as conn:
         conn.subscribe(start="earliest")  # the dataset was written before: from its start
         connected_s = time.perf_counter() - t0
-        done_at = read(conn, tally, args.rows, t0, args.batch_size, args.timeout_s)
+        done_at = read(conn, tally, rows, t0, batch_size, timeout_s)
     return {
         "rows": tally.rows, "duplicate_rows": tally.duplicate_rows, "batches": tally.batches,
         "seconds": done_at - t0, "client_connect_s": connected_s,
-        "client_warnings": len(warnings.messages),
-        "first_client_warnings": warnings.messages[:3],
+        "client_warnings": len(warnings), "first_client_warnings": warnings[:3],
     }  # fmt: skip
 
 
@@ -158,7 +163,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefetch", action="store_true", help="Connector.stream(prefetch=True)")
     p.add_argument("--no-freeze", dest="freeze", action="store_false", help="leave out gc.freeze()")
     args = p.parse_args(argv)
-    print(json.dumps(consume(args)), flush=True)
+    if args.freeze:  # the client is imported: its objects join the frozen ones
+        gc.collect()
+        gc.freeze()
+    warnings = _Count()
+    logging.getLogger("canal_client").addHandler(warnings)
+    logging.getLogger("canal_client").setLevel(logging.WARNING)
+    got = consume(
+        args.url, args.destination, args.client_id, wire=args.wire, rows=args.rows,
+        batch_size=args.batch_size, timeout_s=args.timeout_s, prefetch=args.prefetch,
+        warnings=warnings.messages,
+    )  # fmt: skip
+    print(json.dumps(got), flush=True)
     return 0
 
 
