@@ -32,7 +32,7 @@ ALLOWED = {
 }
 # Third-party modules a package may import (the standard library is always allowed).
 THIRD_PARTY = {
-    "canal_protocol": {"msgpack"},
+    "canal_protocol": {"msgpack", "google"},
     "canal_cluster": {"pyetcd", "grpc"},
     "canal_client": {"msgpack", "httpx", "pyspark", "pyarrow"},
 }
