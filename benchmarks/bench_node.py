@@ -72,8 +72,8 @@ def _require() -> Any:
 def _e2e(ctx: Context, wire: str) -> dict[str, Any]:
     """``ctx.repeat`` rounds, each with a fresh node and client id per run (median, as the
     readers): the consumer in a process of its own, get after get (the headline); the
-    same with a prefetching stream; and, for continuity with the runs before session 11,
-    the get loop inside this process (``in_harness_*``, reported beside)."""
+    same with a prefetching stream; and, beside them, the get loop inside this process
+    (``in_harness_*``)."""
     runs, ahead, inside = [], [], []
     for run in range(ctx.repeat):
         runs.append(_e2e_once(ctx, wire, run, prefetch=False, own_process=True))
@@ -90,7 +90,7 @@ def _e2e(ctx: Context, wire: str) -> dict[str, Any]:
 
 
 def _consume_here(url: str, wire: str, rows: int) -> dict[str, Any]:
-    """``e2e_consumer``'s get loop run in this process (the measure until session 10)."""
+    """``e2e_consumer``'s get loop run in this process (its objects share the harness's GC)."""
     with warnings_of("canal_client") as client_warnings:
         return e2e_consumer.consume(
             url, DEST, f"e2e-{wire}", wire=wire, rows=rows, batch_size=BATCH_SIZE,
@@ -146,7 +146,7 @@ def _e2e_once(
         "the latency consumer do), get_without_ack carrying the ack of the batch before; "
         "prefetch_*: Connector.stream(prefetch=True), the next get in flight (a worker "
         "thread) while one is read; in_harness_*: the get loop inside the benchmark's "
-        "process (no freeze: the measure until session 10); timed from the connector's "
+        "process (no freeze); timed from the connector's "
         "creation to the last row read",
         "prefetch": prefetch, "own_process": own_process,
     }  # fmt: skip

@@ -132,7 +132,7 @@ def test_schema_ddl_names_every_field() -> None:
 
 
 def test_added_columns_come_last_so_every_older_column_keeps_its_place() -> None:
-    """``part`` and ``snapshot`` (session 8) come after every column of the first
+    """``part`` and ``snapshot`` come after every column of the first
     release, in typed mode after ``raw``: code reading rows by position is unaffected."""
     from canal_client.spark_schema import TypedTable, typed_ddl, typed_struct
 

@@ -9,7 +9,7 @@ uses: the token's ``Access`` grant, the ``BatchRequest`` model, ``LeaderLookup``
 ``call`` runs the get and maps errors) and ``respond``. The get is first tried on the
 event loop without waiting: a batch that is there already is answered without the hop
 to a worker thread and back (two cross-thread wake-ups, each of which waited for a
-core at 5,000 tx/s: docs/benchmarks.md, session 11); a long poll that found nothing
+core at 5,000 tx/s, measured on tree 3ffb6a6); a long poll that found nothing
 then waits in a worker thread.
 
 It takes a get only when nothing about it is unusual: a known token allowed on the
