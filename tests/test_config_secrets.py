@@ -12,7 +12,7 @@ import pytest
 from tls_fixtures import Pki, make_pki
 
 from canal_ha.cli import build_parser
-from canal_ha.consume import etcd_security
+from canal_ha.source import etcd_security
 from canal_protocol.errors import ConfigError
 from canal_server.config import config_from_dict, dsn_of, load_config, render_toml
 from canal_server.secrets import install_log_redaction, redact, resolve_secret

@@ -10,12 +10,14 @@ naming the setting, never a hang; a token etcd forgot is fetched again.
 
 from __future__ import annotations
 
+import http.server
+import json
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from tls_fixtures import Pki, enable_etcd_auth, make_pki, run_cli, server_tls
@@ -285,3 +287,66 @@ def test_server_with_a_wrong_etcd_password_exits_naming_the_key(
     assert "etcd.password: Value error, environment variable NODE_ETCD_PASSWORD is not set" in (
         missing.stderr
     )
+
+
+class _FakeLeader(http.server.BaseHTTPRequestHandler):
+    """A leader's answers to step-down and to a snapshot's progress, and what was asked."""
+
+    asked: ClassVar[list[str]] = []
+
+    def _answer(self, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        self.asked.append(f"POST {self.path}")
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._answer({"destination": "example", "from": "n1", "to": "n2", "epoch": 7,
+                      "new_epoch": 9, "took_ms": 12.0})  # fmt: skip
+
+    def do_GET(self) -> None:
+        self.asked.append(f"GET {self.path}")
+        self._answer({"id": "s1", "state": "done", "tables_done": 1, "tables_total": 1,
+                      "rows": 5, "chunks": 1, "rows_per_s": 5.0})  # fmt: skip
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_every_command_finds_the_leader_through_a_secured_etcd(secure_etcd: SecureEtcd) -> None:
+    """step-down and snapshot look the leader up as consume and status do: with the
+    TLS and user options of a secured etcd (one lookup, canal_ha.source)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeLeader)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    coord = secure_etcd.coordinator()
+    key = f"{PREFIX}/destinations/example/running"
+    try:
+        coord.put(key, json.dumps({"node": "n1", "url": url}).encode())
+        env = {"CANAL_ETCD_PASSWORD": NODE_PASSWORD}
+        down = _cli(["step-down", *_etcd_args(secure_etcd), "--destination", "example"], env)
+        assert down.returncode == 0, down.stderr
+        assert "example: n1 (epoch 7) -> n2 (epoch 9) in 12 ms" in down.stdout
+        show = _cli(
+            ["snapshot", *_etcd_args(secure_etcd), "--destination", "example", "--show", "s1"],
+            env,
+        )
+        assert show.returncode == 0, show.stderr
+        assert show.stdout.startswith("s1 done: tables 1/1, 5 rows in 1 chunks")
+        assert _FakeLeader.asked == [
+            "POST /v1/destinations/example/step-down",
+            "GET /v1/destinations/example/snapshots/s1",
+        ]
+        refused = _cli(["step-down", *_etcd_args(secure_etcd), "--destination", "example"],
+                       {"CANAL_ETCD_PASSWORD": "not-it"})  # fmt: skip
+        assert refused.returncode == 2
+        assert "etcd refused user 'canal'" in refused.stderr
+    finally:
+        coord.delete(key)
+        coord.close()
+        server.shutdown()
+        server.server_close()

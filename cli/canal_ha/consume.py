@@ -34,12 +34,10 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
 from canal_client.connector import ClusterConnector, Connector, SimpleConnector
-from canal_client.resolver import normalize_url
 from canal_client.status import (
     fetch_health,
     format_table,
@@ -47,65 +45,22 @@ from canal_client.status import (
     status_from_server,
 )
 from canal_client.wire import HttpChannel
-from canal_cluster.keys import DEFAULT_PREFIX, Keys
+from canal_cluster.keys import Keys
 from canal_cluster.running import ElectionConfig
 from canal_ha.args import positive_int
+from canal_ha.source import add_source_options, coordinator, etcd_security, token
 from canal_protocol import Batch, Column, Entry, EntryType, EventType
 from canal_protocol.errors import CanalError, ConfigError, RetryExhausted
 
-__all__ = ["consume", "etcd_security", "format_entry", "register", "status"]
+__all__ = ["consume", "format_entry", "register", "status"]
 
-TOKEN_ENV = "CANAL_TOKEN"
-ETCD_PASSWORD_ENV = "CANAL_ETCD_PASSWORD"
-_ETCD_LABELS = {
-    "endpoints": "--etcd",
-    "ca_file": "--etcd-cacert",
-    "cert_file": "--etcd-cert",
-    "key_file": "--etcd-key",
-    "username": "--etcd-user",
-    "password": f"${ETCD_PASSWORD_ENV} / --etcd-password-file",
-}
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
-
-
-def _urls(option: str, etcd: bool) -> Any:
-    """argparse type: comma-separated URLs, each checked (scheme, port 1-65535)."""
-
-    def parse(text: str) -> list[str]:
-        urls = [e.strip() for e in text.split(",") if e.strip()]
-        for url in urls:
-            full = url if "//" in url or not etcd else f"http://{url}"
-            try:
-                normalize_url(full, option)
-            except ConfigError as exc:
-                raise argparse.ArgumentTypeError(exc.reason) from None
-            if etcd and not full.startswith(("http://", "https://")):
-                raise argparse.ArgumentTypeError(f"expected http(s)://host:port, got {url!r}")
-        return urls
-
-    return parse
-
-
-def _source_options(p: argparse.ArgumentParser) -> None:
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--etcd", type=_urls("--etcd", etcd=True),
-                     help="etcd endpoints, comma separated")  # fmt: skip
-    src.add_argument("--server", type=_urls("--server", etcd=False),
-                     help="server URL(s), comma separated")  # fmt: skip
-    p.add_argument("--prefix", default=DEFAULT_PREFIX, help="etcd key prefix")
-    p.add_argument("--token", default=None, help=f"bearer token (default: ${TOKEN_ENV})")
-    p.add_argument("--etcd-cacert", default="", help="CA of etcd's certificate (https://)")
-    p.add_argument("--etcd-cert", default="", help="TLS client certificate for etcd")
-    p.add_argument("--etcd-key", default="", help="its key")
-    p.add_argument("--etcd-user", default="", help="etcd user (password: "
-                   f"${ETCD_PASSWORD_ENV} or --etcd-password-file)")  # fmt: skip
-    p.add_argument("--etcd-password-file", default="", help="file holding the etcd password")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`consume` and `status`."""
     p = sub.add_parser("consume", help="follow the leader and print each entry, ack per batch")
-    _source_options(p)
+    add_source_options(p)
     p.add_argument("--destination", required=True)
     p.add_argument("--client-id", required=True)
     p.add_argument("--batch-size", type=positive_int("--batch-size"), default=1000)
@@ -132,7 +87,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=consume)
 
     p = sub.add_parser("status", help="nodes, leaders, epochs, each client's cursor and lag")
-    _source_options(p)
+    add_source_options(p)
     p.add_argument("--format", choices=("json", "table"), default="table")
     p.set_defaults(func=status)
 
@@ -160,28 +115,9 @@ def _connect_bound(args: argparse.Namespace) -> tuple[float, str]:
     return args.connect_timeout, "--connect-timeout"
 
 
-def etcd_security(args: argparse.Namespace) -> Any:
-    """The ``EtcdSecurity`` of the ``--etcd-*`` options (None when none is given)."""
-    password = os.environ.get(ETCD_PASSWORD_ENV, "")
-    if args.etcd_password_file:
-        try:
-            password = Path(args.etcd_password_file).read_text().removesuffix("\n")
-        except OSError as exc:
-            raise ConfigError("--etcd-password-file", f"cannot read it: {exc.strerror}") from None
-    if not (args.etcd_cacert or args.etcd_cert or args.etcd_key or args.etcd_user):
-        return None
-    from canal_cluster.etcd_security import EtcdSecurity
-
-    return EtcdSecurity(
-        args.etcd_cacert, args.etcd_cert, args.etcd_key, args.etcd_user,
-        password if args.etcd_user else "", labels=_ETCD_LABELS,
-    )  # fmt: skip
-
-
 def _connector(args: argparse.Namespace) -> Connector:
-    token = args.token or os.environ.get(TOKEN_ENV) or None
     common: dict[str, Any] = {
-        "token": token, "wire": args.wire, "connect_timeout_s": _connect_bound(args)[0],
+        "token": token(args), "wire": args.wire, "connect_timeout_s": _connect_bound(args)[0],
     }  # fmt: skip
     if args.etcd:
         return ClusterConnector(
@@ -358,17 +294,11 @@ def _print_batches(
 
 
 def status(args: argparse.Namespace) -> int:
-    token = args.token or os.environ.get(TOKEN_ENV) or None
-    channel = HttpChannel(wire="json", token=token)
+    channel = HttpChannel(wire="json", token=token(args))
     try:
         if args.etcd:
-            from canal_cluster.etcd_coordinator import EtcdCoordinator
-
-            coord = EtcdCoordinator(args.etcd, timeout_s=2.0, security=etcd_security(args))
-            try:
+            with coordinator(args) as coord:
                 data = status_from_etcd(coord, Keys(args.prefix), fetch_health(channel))
-            finally:
-                coord.close()
         else:
             data = status_from_server(channel, args.server[0].rstrip("/"))
     finally:

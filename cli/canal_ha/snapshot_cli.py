@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import time
 from typing import Any
 
 from canal_client.wire import HttpChannel
-from canal_cluster.keys import DEFAULT_PREFIX, Keys
 from canal_ha.args import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, positive_int
+from canal_ha.source import add_source_options, leader_url, token
 from canal_protocol.errors import (
     ConfigError,
     InvalidArgument,
@@ -37,23 +36,14 @@ from canal_protocol.errors import (
 
 __all__ = ["register", "snapshot"]
 
-TOKEN_ENV = "CANAL_TOKEN"
 ENDED = ("done", "failed", "cancelled")
-
-
-def _endpoints(text: str) -> list[str]:
-    return [e.strip() for e in text.split(",") if e.strip()]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "snapshot", help="start an incremental snapshot of tables and watch its progress"
     )
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--etcd", type=_endpoints, help="etcd endpoints, comma separated")
-    src.add_argument("--server", type=_endpoints, help="server URL(s), comma separated")
-    p.add_argument("--prefix", default=DEFAULT_PREFIX, help="etcd key prefix")
-    p.add_argument("--token", default=None, help=f"bearer token (default: ${TOKEN_ENV})")
+    add_source_options(p)
     p.add_argument("--destination", required=True)
     p.add_argument("--tables", nargs="+", metavar="REGEX", help="schema.table regexes to start")
     p.add_argument("--chunk-rows", type=positive_int("--chunk-rows"), default=0)
@@ -64,24 +54,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--timeout", type=float, default=0.0, help="give up waiting after (s); 0: never")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=snapshot)
-
-
-def _leader_url(args: argparse.Namespace, attempt: int = 0) -> str:
-    """A URL to send to: the leader from etcd, or a server (307s are followed; the next
-    one after a failed attempt)."""
-    if args.server:
-        return str(args.server[attempt % len(args.server)]).rstrip("/")
-    from canal_cluster.etcd_coordinator import EtcdCoordinator
-    from canal_cluster.running import RunningInfo
-
-    coord = EtcdCoordinator(args.etcd, timeout_s=2.0)
-    try:
-        kv = coord.get(Keys(args.prefix).running(args.destination))
-    finally:
-        coord.close()
-    if kv is None:
-        raise LeaderUnavailable(f"{args.destination}: no leader in etcd right now")
-    return RunningInfo.from_kv(kv).url.rstrip("/")
 
 
 def progress_line(s: dict[str, Any]) -> str:
@@ -96,11 +68,10 @@ def progress_line(s: dict[str, Any]) -> str:
 def snapshot(args: argparse.Namespace) -> int:
     if args.interval <= 0 or args.timeout < 0:
         raise ConfigError("--interval", "must be > 0 (and --timeout >= 0)")
-    token = args.token or os.environ.get(TOKEN_ENV) or None
-    channel = HttpChannel(wire="json", token=token)
+    channel = HttpChannel(wire="json", token=token(args))
     base = f"/v1/destinations/{args.destination}/snapshots"
     try:
-        url = _leader_url(args)
+        url = leader_url(args)
         if args.cancel:
             body = channel.request("DELETE", url, f"{base}/{args.cancel}", follow_redirects=True)
             return _print(args, body.body)
@@ -150,7 +121,7 @@ def _watch(args: argparse.Namespace, channel: HttpChannel, url: str, path: str) 
         except (LeaderUnavailable, ServerUnreachable):  # a failover: the next leader resumes
             attempt += 1
             with contextlib.suppress(LeaderUnavailable):
-                url = _leader_url(args, attempt)
+                url = leader_url(args, attempt)
             continue
         _print(args, s)
         if s["state"] in ENDED:

@@ -13,21 +13,18 @@ it, or the successor does not lead within ``--timeout`` seconds; 2 for a bad opt
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
 import httpx
 
-from canal_client.resolver import normalize_url
-from canal_cluster.keys import DEFAULT_PREFIX, Keys, validate_id
-from canal_cluster.running import read_running
+from canal_cluster.keys import validate_id
 from canal_ha.args import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
-from canal_protocol.errors import ConfigError, CoordinationError, InvalidArgument
+from canal_ha.source import add_source_options, leader_url, token
+from canal_protocol.errors import ConfigError, InvalidArgument
 
 __all__ = ["register", "step_down"]
 
-TOKEN_ENV = "CANAL_TOKEN"
 DEFAULT_TIMEOUT_S = 10.0
 
 
@@ -35,37 +32,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "step-down", help="hand a destination over to another node (graceful handover)"
     )
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--etcd", help="etcd endpoints, comma separated")
-    src.add_argument("--server", help="any node's URL (it redirects to the leader)")
-    p.add_argument("--prefix", default=DEFAULT_PREFIX, help="etcd key prefix")
-    p.add_argument("--token", default=None, help=f"bearer token (default: ${TOKEN_ENV})")
+    add_source_options(
+        p, server_help="node URL(s), comma separated (a node redirects to the leader)"
+    )
     p.add_argument("--destination", required=True)
     p.add_argument("--to", default=None, help="the node to hand over to (default: least loaded)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help="wait this long for the successor to lead (s, "
                         f"default {DEFAULT_TIMEOUT_S:g})")  # fmt: skip
     p.set_defaults(func=step_down)
-
-
-def _leader_url(args: argparse.Namespace) -> str:
-    """The URL to ask: the leader from etcd, or the given server."""
-    if args.server:
-        return normalize_url(args.server.split(",")[0], "--server")
-    from canal_cluster.etcd_coordinator import EtcdCoordinator
-
-    endpoints = [e.strip() for e in args.etcd.split(",") if e.strip()]
-    coord = EtcdCoordinator(endpoints, timeout_s=2.0)
-    try:
-        keys = Keys(args.prefix)
-        info = read_running(coord, keys.running(args.destination))
-        if info is None or not info.url:
-            nodes = coord.get_prefix(keys.destination_nodes_prefix(args.destination)).items
-            what = "no leader right now" if nodes else "no node configures it"
-            raise CoordinationError(f"{args.destination}: {what} (etcd {args.etcd})")
-        return info.url
-    finally:
-        coord.close()
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -81,9 +56,9 @@ def _check(args: argparse.Namespace) -> None:
 
 def step_down(args: argparse.Namespace) -> int:
     _check(args)
-    url = _leader_url(args)
-    token = args.token or os.environ.get(TOKEN_ENV) or None
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    url = leader_url(args)
+    bearer = token(args)
+    headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
     body: dict[str, Any] = {"timeout_ms": int(args.timeout * 1000)}
     if args.to is not None:
         body["to"] = args.to
