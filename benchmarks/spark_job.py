@@ -43,7 +43,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from canal_client.spark import local_session
-from canal_client.spark_schema import generic_struct
+from canal_client.spark.schema import generic_struct
 
 DEFAULT_ROWS_PER_PARTITION = 250_000  # the source's default
 

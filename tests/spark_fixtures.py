@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from canal_client.spark import BinlogPoint, CanalOptions, LeaderProgress, point_key
-from canal_client.spark_rows import EntryKey, Row, entry_key
+from canal_client.spark.rows import Row
 from canal_protocol import Batch, Entry
 from canal_protocol.errors import UnknownBatch
+from canal_protocol.ordering import EntryKey, entry_key
 
 if TYPE_CHECKING:
     from canal_server.embedded import EmbeddedServer

@@ -16,7 +16,7 @@ from serving_fixtures import IDENTITY, EntryFactory, position_of
 
 from canal_client.connector import ClusterConnector
 from canal_client.spark import CanalOptions, CanalStreamReader
-from canal_client.spark_rows import Offset
+from canal_client.spark.rows import Offset
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
 from canal_protocol.errors import NotSubscribed, UnknownBatch

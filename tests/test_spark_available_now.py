@@ -37,10 +37,10 @@ from canal_client.spark import (
     parse_progress,
     point_key,
 )
-from canal_client.spark_rows import EntryKey
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
 from canal_protocol import Batch
+from canal_protocol.ordering import EntryKey
 
 LOGFILE = "mariadb-bin.000001"
 

@@ -18,7 +18,7 @@ from node_fixtures import DEST, start_nodes, wait_leader
 from test_spark_reader import Engine
 
 from canal_client.spark import CanalOptions, CanalStreamReader
-from canal_client.spark_rows import Row
+from canal_client.spark.rows import Row
 from canal_cluster.retry import wait_until
 
 TX_ROWS = 10

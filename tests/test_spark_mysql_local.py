@@ -23,7 +23,7 @@ from node_fixtures import NodeProc, node_cluster, wait_leader  # noqa: F401  (fi
 from spark_fixtures import spark  # noqa: F401  (fixture)
 
 from canal_client.spark import CanalOptions, fetch_table
-from canal_client.spark_rows import FIELDS, entry_rows
+from canal_client.spark.rows import FIELDS, entry_rows
 from canal_protocol.errors import ConfigError
 
 Cluster = Callable[..., list[NodeProc]]

@@ -17,7 +17,7 @@ from node_fixtures import DEST, db_destination, node_cluster, wait_leader  # noq
 from test_spark_db_switch import RealEngine, ids
 
 from canal_client.spark import CanalOptions
-from canal_client.spark_rows import Offset
+from canal_client.spark.rows import Offset
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
 

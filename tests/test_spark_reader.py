@@ -18,7 +18,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from spark_fixtures import FakeConnector, FakeServer, arrow_rows, make_entries
 
 from canal_client.spark import CanalOptions, CanalStreamReader, ConnectorLike
-from canal_client.spark_rows import Offset, Row, entry_rows
+from canal_client.spark.rows import Offset, Row, entry_rows
 from canal_protocol.errors import ConfigError, ReplayMismatch, UnexpectedResponse
 
 OPTS = CanalOptions(

@@ -10,9 +10,10 @@ import pytest
 from spark_fixtures import ddl_entry, make_entries
 
 from canal_client.spark import CanalOptions, schema_ddl
-from canal_client.spark_rows import FIELDS, MIN_KEY, EntryKey, Offset, entry_key, entry_rows
+from canal_client.spark.rows import FIELDS, Offset, entry_rows
 from canal_protocol import Entry
 from canal_protocol.errors import ConfigError
+from canal_protocol.ordering import MIN_KEY, EntryKey, entry_key
 
 COL = {name: i for i, (name, _) in enumerate(FIELDS)}
 
@@ -134,7 +135,7 @@ def test_schema_ddl_names_every_field() -> None:
 def test_added_columns_come_last_so_every_older_column_keeps_its_place() -> None:
     """``part`` and ``snapshot`` come after every column of the first
     release, in typed mode after ``raw``: code reading rows by position is unaffected."""
-    from canal_client.spark_schema import TypedTable, typed_ddl, typed_struct
+    from canal_client.spark.schema import TypedTable, typed_ddl, typed_struct
 
     first = ["schema", "table", "event_type", "is_ddl", "sql", "gtid", "logfile", "offset",
              "row_index", "server_id", "commit_ts", "before", "after", "primary_key"]  # fmt: skip
@@ -211,8 +212,8 @@ def test_arrow_rows_equal_entry_rows_for_every_value_form() -> None:
     from spark_fixtures import arrow_rows
 
     from canal_client.packed import PackedBatch
-    from canal_client.spark_arrow import record_batch
-    from canal_client.spark_schema import generic_struct
+    from canal_client.spark.arrow import record_batch
+    from canal_client.spark.schema import generic_struct
     from canal_protocol import Batch
 
     def image(*values: Any) -> list[dict[str, Any]]:
@@ -257,8 +258,8 @@ def test_a_partition_in_arrow_batches_of_whole_entries_gives_the_same_rows() -> 
     from spark_fixtures import arrow_rows
 
     from canal_client.packed import PackedBatch
-    from canal_client.spark_arrow import record_batch, record_batches
-    from canal_client.spark_schema import generic_struct
+    from canal_client.spark.arrow import record_batch, record_batches
+    from canal_client.spark.schema import generic_struct
     from canal_protocol import Batch
 
     entries = [*make_entries(4, 3), ddl_entry("ALTER TABLE t.items ADD c int", 9000)]
@@ -386,8 +387,8 @@ def test_typed_primary_keys_equal_the_map_modes() -> None:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from canal_client.packed import PackedBatch
-    from canal_client.spark_arrow import record_batch
-    from canal_client.spark_schema import TypedTable, typed_struct
+    from canal_client.spark.arrow import record_batch
+    from canal_client.spark.schema import TypedTable, typed_struct
     from canal_protocol import Batch
 
     kinds = [("k", "varchar(20)"), ("b", "varbinary(4)"), ("u", "bigint unsigned"), ("t", "text")]

@@ -15,7 +15,7 @@ from spark_fixtures import EmbeddedConnector, arrow_rows, reading
 
 from canal_client.packed import PackedBatch, PackedEntry
 from canal_client.spark import CanalOptions, CanalStreamReader, Ledger
-from canal_client.spark_rows import Offset, Row, entry_rows
+from canal_client.spark.rows import Offset, Row, entry_rows
 from canal_protocol import Batch
 from canal_protocol.entry import Entry, TableColumns
 from canal_server.embedded import EmbeddedServer

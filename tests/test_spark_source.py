@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from spark_fixtures import ddl_entry, make_entries, spark  # noqa: F401  (fixture)
 
-from canal_client.spark_rows import FIELDS
+from canal_client.spark.rows import FIELDS
 
 
 def run_available_now(

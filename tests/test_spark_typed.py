@@ -16,7 +16,7 @@ from node_fixtures import DEST, NodeProc, node_cluster, wait_leader  # noqa: F40
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from canal_client.spark import CanalOptions, CanalStreamReader, fetch_table
-from canal_client.spark_schema import TypedTable, column_kind, describe_change, shape_of
+from canal_client.spark.schema import TypedTable, column_kind, describe_change, shape_of
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
 from canal_protocol.errors import ConfigError

@@ -83,7 +83,7 @@ def test_every_type_into_parquet_and_back(
     selected = _select(sandbox, db)
     assert sorted(latest) == sorted(selected)
     kinds = dict(zip(schema, [f.dataType for f in df.schema["after"].dataType.fields], strict=True))
-    from canal_client.spark_schema import column_kind
+    from canal_client.spark.schema import column_kind
 
     types = {c: column_kind(t) for c, t in _mysql_types(sandbox, db).items()}
     for key, want in selected.items():

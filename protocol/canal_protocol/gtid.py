@@ -14,8 +14,20 @@ set of them, written per source uuid as closed intervals. ``GtidSet`` is that se
 - ``parse`` accepts what MySQL prints (whitespace and newlines after commas, upper-case
   uuids, ``uuid:5`` for ``uuid:5-5``) and names what is wrong in a ``ValueError``.
 
-MariaDB's GTID state (``domain-server-seq`` per domain) is another thing; MySQL 8.3's
-tagged GTIDs (``uuid:tag:1-5``) are refused by ``parse``.
+MySQL 8.3's tagged GTIDs (``uuid:tag:1-5``) are refused by ``parse``.
+
+MariaDB's GTIDs are another thing: ``domain-server-seq``, numbered per replication
+domain, and a server's state (``@@gtid_binlog_pos``, ``BINLOG_GTID_POS``, a Gtid_list
+event, a position's ``gtid``) holds the last GTID of each domain. ``MariadbGtid`` is one,
+``MariadbGtidState`` the state:
+
+- immutable and canonical: one GTID per domain (a later one of a domain replaces an
+  earlier), sorted by domain, so ``str`` gives MariaDB's text (``0-1-42,1-2-7``);
+- ``parse`` names what is wrong in a ``ValueError``; ``read`` answers None instead (a
+  MySQL GTID set, anything else);
+- ``covers`` is "includes every transaction of": per domain, a sequence number at least
+  as high (whatever server wrote it); ``order`` gives what orders two transactions or
+  states of one history across databases (an entry's GTID against another's).
 """
 
 from __future__ import annotations
@@ -25,7 +37,16 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Gtid", "GtidSet", "Interval", "is_mysql_gtid_set"]
+__all__ = [
+    "Gtid",
+    "GtidSet",
+    "Interval",
+    "MariadbGtid",
+    "MariadbGtidState",
+    "gtid_state_covers",
+    "is_mariadb_gtid_state",
+    "is_mysql_gtid_set",
+]
 
 Interval = tuple[int, int]  # closed: (first, last), 1 <= first <= last
 Gtid = tuple[str, int]  # (uuid, transaction number)
@@ -209,3 +230,149 @@ class GtidSet:
 def is_mysql_gtid_set(text: str) -> bool:
     """True for MySQL GTID set text (``uuid:…``), False for MariaDB's ``0-1-42`` or ""."""
     return ":" in text
+
+
+# -- MariaDB ------------------------------------------------------------------------------
+
+_MARIADB_GTID = re.compile(r"^(\d+)-(\d+)-(\d+)$")
+_MARIADB_STATE = re.compile(r"^\d+-\d+-\d+(,\d+-\d+-\d+)*$")
+
+
+def is_mariadb_gtid_state(text: str) -> bool:
+    """``0-1-42`` or ``0-1-42,1-2-7`` (spaces allowed): a MariaDB GTID state, not a
+    MySQL GTID set, not ""."""
+    return bool(_MARIADB_STATE.match(text.replace(" ", "")))
+
+
+@dataclass(frozen=True, slots=True)
+class MariadbGtid:
+    """One MariaDB GTID: ``domain-server-seq``."""
+
+    domain: int
+    server_id: int
+    seq: int
+
+    @classmethod
+    def parse(cls, text: str) -> MariadbGtid:
+        """``"0-1-42"``; ``ValueError`` naming the text otherwise."""
+        m = _MARIADB_GTID.match(text.strip())
+        if m is None:
+            raise ValueError(f"MariaDB GTID: {text.strip()!r} is not domain-server-seq")
+        return cls(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+
+    @classmethod
+    def read(cls, text: str) -> MariadbGtid | None:
+        """``parse``, or None for anything but one MariaDB GTID."""
+        m = _MARIADB_GTID.match(text)
+        return cls(int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+
+    def __str__(self) -> str:
+        return f"{self.domain}-{self.server_id}-{self.seq}"
+
+
+Seqs = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class MariadbGtidState:
+    """A MariaDB GTID state; see the module doc. Build with ``parse``/``read``/``of``."""
+
+    gtids: tuple[MariadbGtid, ...] = ()  # one per domain, by domain
+
+    # -- building
+
+    @classmethod
+    def of(cls, gtids: Iterable[MariadbGtid]) -> MariadbGtidState:
+        """From GTIDs in any order; of a domain given twice, the later one."""
+        last = {g.domain: g for g in gtids}
+        return cls(tuple(last[d] for d in sorted(last)))
+
+    @classmethod
+    def parse(cls, text: str) -> MariadbGtidState:
+        """``"0-1-42,1-2-7"`` (MariaDB's text; "" is the empty state, empty parts are
+        passed over); ``ValueError`` naming the part that is not a GTID."""
+        return cls.of(MariadbGtid.parse(p) for p in text.split(",") if p.strip())
+
+    @classmethod
+    def read(cls, text: str) -> MariadbGtidState | None:
+        """``parse``, or None when ``text`` is not a MariaDB state (a MySQL GTID set)."""
+        try:
+            return cls.parse(text)
+        except ValueError:
+            return None
+
+    def with_gtid(self, gtid: MariadbGtid) -> MariadbGtidState:
+        """The state after transaction ``gtid`` (it replaces its domain's GTID)."""
+        gtids = self.gtids
+        if len(gtids) == 1 and gtids[0].domain == gtid.domain:  # one domain: the usual case
+            return MariadbGtidState((gtid,))
+        return MariadbGtidState.of((*gtids, gtid))
+
+    def with_state(self, other: MariadbGtidState) -> MariadbGtidState:
+        """This state with ``other``'s GTIDs replacing those of their domains."""
+        return MariadbGtidState.of((*self.gtids, *other.gtids))
+
+    # -- reading
+
+    def __str__(self) -> str:
+        return ",".join(map(str, self.gtids))
+
+    def __bool__(self) -> bool:
+        return bool(self.gtids)
+
+    def __len__(self) -> int:
+        """How many domains the state has."""
+        return len(self.gtids)
+
+    def __iter__(self) -> Iterator[MariadbGtid]:
+        return iter(self.gtids)
+
+    @property
+    def seqs(self) -> dict[int, int]:
+        """{domain: sequence number}."""
+        return {g.domain: g.seq for g in self.gtids}
+
+    def __contains__(self, gtid: object) -> bool:
+        """Whether transaction ``gtid`` (a ``MariadbGtid`` or its text) is included."""
+        if isinstance(gtid, str):
+            gtid = MariadbGtid.read(gtid.strip())
+        if not isinstance(gtid, MariadbGtid):
+            return False
+        return self.seqs.get(gtid.domain, -1) >= gtid.seq
+
+    # -- comparing
+
+    def covers(self, other: MariadbGtidState) -> bool:
+        """Whether every transaction ``other`` includes is included (the empty state is
+        covered by every state): per domain, a sequence number at least as high."""
+        mine = self.seqs
+        return all(mine.get(g.domain, -1) >= g.seq for g in other.gtids)
+
+    def order(self, other: MariadbGtidState) -> tuple[Seqs, Seqs] | None:
+        """The sequence numbers that order two transactions (or GTID states) of one
+        history across databases: of the one domain of either, or of every domain when
+        both have the same several domains; None when they cannot be compared (other
+        domains, an empty state)."""
+        if not self.gtids or not other.gtids:
+            return None
+        a, b = self.seqs, other.seqs
+        if len(a) > 1 and len(b) > 1:
+            return (tuple(a.values()), tuple(b.values())) if a.keys() == b.keys() else None
+        domain = next(iter(a if len(a) == 1 else b))
+        if domain not in a or domain not in b:
+            return None
+        return (a[domain],), (b[domain],)
+
+
+def gtid_state_covers(state: str, wanted: str) -> bool:
+    """Whether the GTID state ``state`` includes every transaction of ``wanted``, both
+    text: MariaDB states (``MariadbGtidState.covers``) or MySQL GTID sets (the subset
+    order). "" includes nothing and is included in every state; a state of the other
+    kind includes none of ``wanted``'s transactions. ``ValueError`` for anything else."""
+    if is_mysql_gtid_set(state) or is_mysql_gtid_set(wanted):
+        if not wanted.strip():
+            return True
+        if not is_mysql_gtid_set(state) or not is_mysql_gtid_set(wanted):
+            return False
+        return GtidSet.parse(wanted) <= GtidSet.parse(state)
+    return MariadbGtidState.parse(state).covers(MariadbGtidState.parse(wanted))

@@ -48,6 +48,7 @@ from canal_protocol.errors import (
     UnknownSnapshot,
     UnknownTable,
 )
+from canal_protocol.gtid import gtid_state_covers
 from canal_protocol.positions import LogIdentity, LogPosition, journal_seq
 from canal_server.config import SnapshotSection
 from canal_server.filter import EventFilter
@@ -359,19 +360,6 @@ def _split(full_name: str) -> tuple[str, str]:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _covers(state: str, wanted: str) -> bool:
-    """True when GTID state ``state`` includes every transaction of ``wanted``."""
-    have: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in state.split(","))):
-        domain, _, seq = part.partition("-")
-        have[domain] = int(seq.rsplit("-", 1)[-1])
-    for part in filter(None, (p.strip() for p in wanted.split(","))):
-        domain, _, seq = part.partition("-")
-        if have.get(domain, -1) < int(seq.rsplit("-", 1)[-1]):
-            return False
-    return True
 
 
 # -- the destination's manager --------------------------------------------------------------
@@ -829,7 +817,7 @@ class _Runner:
         last = sink.last
         if last is None or sink.in_transaction or not last.identity.same_source(identity):
             return False
-        covered = gtid_at is not None and _covers(sink.last_gtid, gtid_at)
+        covered = gtid_at is not None and gtid_state_covers(sink.last_gtid, gtid_at)
         return last.position.sort_key >= target or covered
 
     def _confirmed(self, run: SnapshotRun) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import re
 from collections.abc import Generator, Iterator, Mapping
 from contextlib import closing
 from dataclasses import dataclass
@@ -57,7 +56,6 @@ __all__ = [
     "StreamEventSource",
     "boundaries",
     "classify",
-    "is_mariadb_gtid_state",
     "locate_gtid_state",
     "locate_mysql_gtid_set",
     "mysql_gtid_at",
@@ -258,14 +256,6 @@ class StreamEventSource:
                 yield BinlogEvent(
                     span.start, span.end, span.timestamp, classify(ev), span.server_id
                 )
-
-
-_MARIADB_STATE = re.compile(r"^\d+-\d+-\d+(,\d+-\d+-\d+)*$")
-
-
-def is_mariadb_gtid_state(state: str) -> bool:
-    """``0-1-42`` or ``0-1-42,1-2-7``: a MariaDB GTID state (not a MySQL GTID set)."""
-    return bool(_MARIADB_STATE.match(state.replace(" ", "")))
 
 
 def locate_gtid_state(conn: Mapping[str, Any], slave_id: int, state: str) -> tuple[str, int]:

@@ -41,7 +41,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from canal_protocol.errors import BinlogError, ConfigError, PositionNotFound, PurgedPosition
-from canal_protocol.gtid import is_mysql_gtid_set
+from canal_protocol.gtid import is_mariadb_gtid_state, is_mysql_gtid_set
 from canal_protocol.positions import EntryPosition, LogIdentity, LogPosition
 from canal_server.parse.binlog_search import (
     BINLOG_START_OFFSET,
@@ -52,7 +52,6 @@ from canal_server.parse.binlog_search import (
     EventSource,
     SqlBinlogInspector,
     StreamEventSource,
-    is_mariadb_gtid_state,
     locate_gtid_state,
 )
 

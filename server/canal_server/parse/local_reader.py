@@ -42,7 +42,7 @@ from pymysqlreplication.event import (
 )
 
 from canal_protocol.errors import BinlogConfigError, BinlogError, PositionNotFound, PurgedPosition
-from canal_protocol.gtid import GtidSet
+from canal_protocol.gtid import GtidSet, MariadbGtid, MariadbGtidState
 from canal_protocol.positions import EntryPosition, LogIdentity, journal_seq
 from canal_server.parse import binlog_stream
 from canal_server.parse.binlog_search import (
@@ -61,12 +61,7 @@ from canal_server.parse.event_decoder import (
 from canal_server.parse.finder import DatabaseLink
 from canal_server.parse.reader import RunResult
 from canal_server.parse.schema import SchemaTracker
-from canal_server.parse.transaction import (
-    Sink,
-    TransactionAssembler,
-    format_gtid_state,
-    parse_gtid_state,
-)
+from canal_server.parse.transaction import Sink, TransactionAssembler
 
 __all__ = [
     "LOCAL_PREFIX",
@@ -222,7 +217,7 @@ class LocalBinlogInspector:
     def gtid_at(self, journal: str, offset: int) -> str:
         """The file's PREVIOUS_GTIDS / GTID list plus the GTIDs before ``offset``."""
         mysql: GtidSet | None = None
-        mariadb: dict[int, str] = {}
+        mariadb = MariadbGtidState()
         for at, ev in self._dir.events(journal, BINLOG_START_OFFSET, EventDecoder()):
             if at >= offset and not isinstance(ev, _HEADER_EVENTS):
                 break  # the file's header events give the state before all of it
@@ -232,19 +227,21 @@ class LocalBinlogInspector:
                 uuid, _, n = str(ev.gtid).rpartition(":")
                 mysql = (mysql or GtidSet()).add(uuid, int(n))
             elif isinstance(ev, MariadbGtidListEvent):
-                mariadb.update(parse_gtid_state(_gtid_list(ev)))
+                mariadb = mariadb.with_state(_gtid_list(ev))
             elif isinstance(ev, MariadbGtidEvent):
-                mariadb[int(ev.domain_id)] = str(ev.gtid)
+                mariadb = mariadb.with_gtid(MariadbGtid.parse(str(ev.gtid)))
         if mysql is not None:
             return str(mysql)
-        return format_gtid_state(mariadb)
+        return str(mariadb)
 
 
 _HEADER_EVENTS = (FormatDescriptionEvent, PreviousGtidsEvent, MariadbGtidListEvent)
 
 
-def _gtid_list(ev: Any) -> str:
-    return ",".join(f"{g.domain_id}-{g.server_id}-{g.gtid_seq_no}" for g in ev.gtid_list)
+def _gtid_list(ev: Any) -> MariadbGtidState:
+    return MariadbGtidState.of(
+        MariadbGtid(int(g.domain_id), int(g.server_id), int(g.gtid_seq_no)) for g in ev.gtid_list
+    )
 
 
 # -- the reader ------------------------------------------------------------------------------

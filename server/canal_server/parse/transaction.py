@@ -51,7 +51,7 @@ from pymysqlreplication.row_event import (
 )
 
 from canal_protocol.entry import Entry, EntryType, EventType, Header
-from canal_protocol.gtid import GtidSet, is_mysql_gtid_set
+from canal_protocol.gtid import GtidSet, MariadbGtid, MariadbGtidState, is_mysql_gtid_set
 from canal_protocol.positions import EntryPosition
 from canal_server.parse import binlog_stream
 from canal_server.parse.event_decoder import AnonymousGtidEvent
@@ -63,9 +63,7 @@ __all__ = [
     "Skip",
     "TransactionAssembler",
     "classify_ddl",
-    "format_gtid_state",
     "gtid_state_at",
-    "parse_gtid_state",
 ]
 
 log = logging.getLogger(__name__)
@@ -116,21 +114,6 @@ def classify_ddl(sql: str, default_schema: str) -> tuple[EventType, str, str]:
 # -- GTID state --------------------------------------------------------------------------
 
 
-def parse_gtid_state(state: str) -> dict[int, str]:
-    """``"0-1-42,1-2-7"`` → {domain: gtid}."""
-    out: dict[int, str] = {}
-    for part in (p.strip() for p in state.split(",")):
-        if part:
-            out[int(part.split("-", 1)[0])] = part
-    return out
-
-
-def format_gtid_state(state: Mapping[int, str]) -> str:
-    if len(state) == 1:  # one domain (the usual case, once per transaction)
-        return next(iter(state.values()))
-    return ",".join(state[d] for d in sorted(state))
-
-
 def gtid_state_at(dsn: Mapping[str, Any], journal: str, offset: int) -> str:
     """The server's GTID state at a binlog position (``BINLOG_GTID_POS``)."""
     with binlog_stream.connect(dsn) as conn, conn.cursor() as cur:
@@ -176,7 +159,8 @@ class TransactionAssembler:
         self._size = transaction_size
         self.journal = start.journal
         self._committed: EntryPosition | Entry = start  # an Entry until asked (lazily)
-        self._state = parse_gtid_state("" if is_mysql_gtid_set(gtid_state) else gtid_state)
+        mysql = is_mysql_gtid_set(gtid_state)
+        self._state = MariadbGtidState() if mysql else MariadbGtidState.parse(gtid_state)
         self._gtid_set = GtidSet.parse(gtid_state) if is_mysql_gtid_set(gtid_state) else None
         self._before = gtid_state  # the state before the open (or next) transaction
         self._text: str | None = None  # _state_text() until the state changes
@@ -264,7 +248,7 @@ class TransactionAssembler:
             log.warning("transaction %s has no commit; %s begins", self._gtid, ev.gtid)
         self._gtid = str(ev.gtid)
         self._before = self._state_text()
-        self._state[int(ev.domain_id)] = self._gtid
+        self._state = self._state.with_gtid(MariadbGtid.parse(self._gtid))
         self._text = None
         self._open(span, standalone=bool(ev.flags & _GTID_STANDALONE))
 
@@ -363,7 +347,7 @@ class TransactionAssembler:
         """The GTID state as text (made once per change: three times per transaction)."""
         if self._text is None:
             state = self._gtid_set
-            self._text = str(state) if state is not None else format_gtid_state(self._state)
+            self._text = str(state) if state is not None else str(self._state)
         return self._text
 
     def _entry(self, kind: EntryType, header: Header, **kw: Any) -> Entry:

@@ -8,8 +8,8 @@ are gathered over every row of the batch and converted once by Arrow (integers,
 DECIMAL text → decimal128, ISO text → timestamps and dates in C). ``record_batches``
 (what ``read`` uses) gives a partition as batches of about ``rowsPerArrowBatch`` rows.
 
-Map mode gives the rows of ``canal_client.spark_rows.entry_rows`` (same values, same
-text). Typed mode (``table``): see ``canal_client.spark_schema``; only the table's rows
+Map mode gives the rows of ``canal_client.spark.rows.entry_rows`` (same values, same
+text). Typed mode (``table``): see ``canal_client.spark.schema``; only the table's rows
 and DDL entries give rows; a zero date is null and its text goes to ``raw``.
 """
 
@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from canal_client.packed import iter_entries
-from canal_client.spark_rows import value_text
-from canal_client.spark_schema import TypedTable, describe_change, shape_of
+from canal_client.spark.rows import value_text
+from canal_client.spark.schema import TypedTable, describe_change, shape_of
 from canal_client.wire import gc_paused
 from canal_protocol.entry import is_binary_type
 from canal_protocol.errors import SchemaChanged, UnexpectedResponse

@@ -47,7 +47,7 @@ from typing import Any
 
 from pyspark.sql import types as T
 
-from canal_client.spark_rows import ADDED_FIELDS, FIELDS
+from canal_client.spark.rows import ADDED_FIELDS, FIELDS
 from canal_protocol.errors import ConfigError
 
 __all__ = [
