@@ -3,7 +3,8 @@
 protocol ← cluster ← server; protocol (+ cluster for watches) ← client; the `canal-ha`
 command line (canal_ha) on top. Every import is read from the source (module level and
 inside functions, ``importlib.import_module("…")`` with a literal name included), so a
-lazy import that goes the wrong way fails here too.
+lazy import that goes the wrong way fails here too. Within a package no two modules
+import each other, directly or through others (TYPE_CHECKING imports included).
 """
 
 from __future__ import annotations
@@ -97,3 +98,69 @@ def test_the_checker_sees_a_wrong_way_import(tmp_path: Path) -> None:
         "    importlib.import_module('canal_ha.cli')\n"
     )
     assert [m for _, m in imports_of(bad)] == ["importlib", "canal_server.store", "canal_ha.cli"]
+
+
+def module_name(package: str, path: Path) -> str:
+    rel = path.relative_to(PACKAGES[package]).with_suffix("")
+    parts = [package, *rel.parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Module → the package's modules it imports (at module level, inside functions or
+    under TYPE_CHECKING alike); ``from p import m`` of a submodule ``m`` counts as ``p.m``."""
+    paths = {module_name(package, p): p for p in sorted(PACKAGES[package].rglob("*.py"))}
+    graph: dict[str, set[str]] = {name: set() for name in paths}
+    for name, path in paths.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                subs = [f"{node.module}.{a.name}" for a in node.names]
+                targets = [s for s in subs if s in paths] or [node.module]
+            graph[name] |= {t for t in targets if t in paths and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles: strongly connected sets of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_no_import_cycle(package: str) -> None:
+    assert cycles(import_graph(package)) == []
+
+
+def test_the_cycle_checker_sees_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]

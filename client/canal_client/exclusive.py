@@ -27,10 +27,15 @@ from canal_client.resolver import refuse_if_denied
 from canal_cluster.coordinator import Coordinator
 from canal_cluster.keys import Keys
 from canal_cluster.running import ElectionConfig, RunningMonitor, client_running_monitor
+from canal_protocol.errors import ClientError
 
-__all__ = ["ActiveGate", "consumer_node_name"]
+__all__ = ["ActiveGate", "Inactive", "consumer_node_name"]
 
 log = logging.getLogger("canal_client")
+
+
+class Inactive(ClientError):
+    """This consumer is not the active one for its client id."""
 
 
 def consumer_node_name() -> str:

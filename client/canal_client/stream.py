@@ -38,15 +38,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from canal_protocol import Batch
 from canal_protocol.errors import CanalError, ClientError
 
-if TYPE_CHECKING:
-    from canal_client.connector import Connector
-
-__all__ = ["WAIT_MARGIN_S", "BatchStream"]
+__all__ = ["WAIT_MARGIN_S", "BatchSource", "BatchStream"]
 
 log = logging.getLogger("canal_client")
 
@@ -56,10 +53,24 @@ log = logging.getLogger("canal_client")
 WAIT_MARGIN_S = 10.0
 
 
+class BatchSource(Protocol):
+    """What a stream needs of its connector (``canal_client.connector.Connector``)."""
+
+    destination: str
+    client_id: str
+
+    def get_without_ack(self, size: int, timeout_s: float, ack: int | None = None) -> Batch: ...
+    def ack(self, batch_id: int) -> bool: ...
+    def rollback(self, batch_id: int | None = None) -> None: ...
+    def outstanding(self, batch_id: int) -> bool: ...
+
+
 class BatchStream(Iterator[Batch]):
     """See the module docstring; made by ``Connector.stream``."""
 
-    def __init__(self, conn: Connector, size: int, timeout_s: float, prefetch: bool = True) -> None:
+    def __init__(
+        self, conn: BatchSource, size: int, timeout_s: float, prefetch: bool = True
+    ) -> None:
         self._conn, self._size, self._timeout_s = conn, size, timeout_s
         self._pool = (
             ThreadPoolExecutor(1, thread_name_prefix=f"canal-prefetch {conn.destination}")
