@@ -11,12 +11,13 @@
         conn.ack(batch.id)
 
 Importing this package pulls none of the server's dependencies (mysql-replication,
-FastAPI, uvicorn).
+FastAPI, uvicorn). The wire model (``Batch``, ``Entry``, ...) is ``canal_protocol``'s,
+re-exported here.
 """
 
 from canal_client.connector import ClusterConnector, Connector, SimpleConnector
-from canal_client.model import Batch, Column, Entry, EntryType, Header, Position, RowChange
 from canal_client.stream import BatchStream
+from canal_protocol import Batch, Column, Entry, EntryType, Header, RowChange
 
 __all__ = [
     "Batch",
@@ -27,7 +28,6 @@ __all__ = [
     "Entry",
     "EntryType",
     "Header",
-    "Position",
     "RowChange",
     "SimpleConnector",
 ]
