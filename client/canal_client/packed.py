@@ -6,7 +6,7 @@ value: per entry it decodes ``type``, ``header``, ``is_ddl``, ``sql`` and ``colu
 (a few small values), counts the row images from the arrays' headers and skips them
 (in C), and keeps where the entry's bytes are (``PackedEntry.data``, a view into the
 batch's bytes). The Spark source plans with that index and forwards the entries'
-bytes untouched to the executors, which decode them (``canal_client.spark_arrow``).
+bytes untouched to the executors, which decode them (``canal_client.spark.arrow``).
 
 ``PackedBatch.of(batch)`` packs a ``Batch`` model (``Batch.pack_compact``) the same
 way: the form of connectors that return models (test fakes).
