@@ -333,7 +333,7 @@ def _fake_tx(seq: int, at: int, rows: int) -> list[Any]:
         ev.table_id, ev.columns = 1, cols
         ev._RowsEvent__rows = [{"values": {"id": seq * 100 + i}, "none_sources": {}}]
         evs.append(ev)
-    evs.append(_fake(XidEvent, at + 10 + rows * 10, at + 20 + rows * 10))
+    evs.append(_fake(XidEvent, at + 10 + rows * 10, at + 20 + rows * 10, xid=seq))
     return evs
 
 

@@ -397,8 +397,10 @@ class Entry:
     ``images`` holds a rows event's rows compactly; ``rows`` is Canal's per-column
     view of them, made on first use. ``gtid_state`` is the server's GTID state to
     resume from after this entry: after its transaction for a TRANSACTIONEND or DDL,
-    before it for the entries inside a transaction; it is not part of the wire
-    form, so an entry read from the wire has ``""``.
+    before it for the entries inside a transaction. ``xid`` (a TRANSACTIONEND's XID
+    event) and ``thread_id`` (a MySQL TRANSACTIONBEGIN's ``BEGIN`` query) are what
+    Canal's TransactionEnd/TransactionBegin carry; 0 where the binlog has none. None of
+    the three is part of the wire form: an entry read from the wire has ``""`` and 0.
     """
 
     type: EntryType
@@ -407,6 +409,8 @@ class Entry:
     sql: str = ""
     images: Rows | None = None
     gtid_state: str = ""
+    xid: int = 0
+    thread_id: int = 0
 
     @cached_property
     def rows(self) -> tuple[RowChange, ...]:

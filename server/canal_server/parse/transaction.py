@@ -212,7 +212,7 @@ class TransactionAssembler:
         elif isinstance(ev, GtidEvent | AnonymousGtidEvent):
             self._mysql_gtid(ev, span)
         elif isinstance(ev, XidEvent):
-            self._end(span)
+            self._end(span, int(ev.xid))
         elif isinstance(ev, QueryEvent):
             self._query(ev, span)
         elif type(ev) in _ROW_KINDS:
@@ -252,7 +252,7 @@ class TransactionAssembler:
         self._text = None
         self._open(span, standalone=bool(ev.flags & _GTID_STANDALONE))
 
-    def _open(self, span: Any, standalone: bool) -> None:
+    def _open(self, span: Any, standalone: bool, thread_id: int = 0) -> None:
         self._in_tx = True
         self._tx_key = self._gtid or f"{self.journal}:{span.start}"
         self._index = 0
@@ -262,7 +262,7 @@ class TransactionAssembler:
             self._resume(span)
         if not standalone:
             header = self._header(span, EventType.GTID)
-            self._emit(self._entry(EntryType.TRANSACTIONBEGIN, header))
+            self._emit(self._entry(EntryType.TRANSACTIONBEGIN, header, thread_id=thread_id))
 
     def _resume(self, span: Any) -> None:
         """The first transaction after a resume inside one: the same one (drop what the
@@ -299,11 +299,11 @@ class TransactionAssembler:
             self._gtid_set = (self._gtid_set or GtidSet()).add(uuid, int(number))
             self._text = None
 
-    def _end(self, span: Any) -> None:
+    def _end(self, span: Any, xid: int = 0) -> None:
         if not self._in_tx:
             return
         header = self._header(span, EventType.QUERY)
-        end = self._entry(EntryType.TRANSACTIONEND, header)
+        end = self._entry(EntryType.TRANSACTIONEND, header, xid=xid)
         self._skip_n = 0  # never skipped (the same GTID in fewer events on another database)
         self._emit(end)
         self._complete(end)
@@ -320,7 +320,7 @@ class TransactionAssembler:
         word = sql.strip().upper()
         if word == "BEGIN":
             if not self._in_tx:  # MySQL (MariaDB's transactions open at their GTID event)
-                self._open(span, standalone=False)
+                self._open(span, standalone=False, thread_id=int(ev.slave_proxy_id or 0))
             return
         if not self._in_tx:  # a statement of its own (MySQL DDL)
             if word == "COMMIT":
