@@ -49,6 +49,18 @@ class PackedRows:
         after = msgpack.unpackb(self.packed_after, raw=False, use_list=False)
         return RowImages(self.columns, before, after)
 
+    def decoded(self) -> tuple[tuple[Image, ...], tuple[Image, ...]]:
+        """``before`` and ``after``; decoded now and not kept when ``images`` was not
+        made (a reader that passes once, the Canal encoder, leaves the store's entries as
+        small as they were)."""
+        made = self.__dict__.get("images")
+        if made is not None:
+            return made.before, made.after
+        return (
+            msgpack.unpackb(self.packed_before, raw=False, use_list=False),
+            msgpack.unpackb(self.packed_after, raw=False, use_list=False),
+        )
+
     @property
     def before(self) -> tuple[Image, ...]:
         return self.images.before
