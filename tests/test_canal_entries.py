@@ -415,3 +415,17 @@ def test_long_values_wide_tables_and_random_rows() -> None:
     col = ins.rowDatas[0].afterColumns[149]
     assert (col.index, col.name) == (149, "c149_" + "n" * 19)
     assert len(ins.rowDatas) == 30 and len(upd.rowDatas) == 15 and len(dele.rowDatas) == 30
+
+
+def test_a_value_without_a_canal_form_is_an_error_naming_the_column() -> None:
+    """A value that does not fit its column type (not what the reader gives): an error
+    naming the table, the column, its type and the value, not a stray TypeError."""
+    bad = _rows(
+        EventType.INSERT, after=((1, 2, "x", "2024-01-01T00:00:00Z"), (2, 3, b"\xff", None))
+    )
+    with pytest.raises(ValueError, match=r"shop\.t at mariadb-bin\.000003:1000: column name "
+                       r"\(varchar\(10\)\): no Canal text for b'\\xff'"):  # fmt: skip
+        encode_entries([bad], UTC)
+    short = _rows(EventType.DELETE, before=((1, 2, "x"),))
+    with pytest.raises(ValueError, match="a row of 3 values for 4 columns"):
+        encode_entries([short], UTC)

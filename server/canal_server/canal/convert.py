@@ -296,6 +296,31 @@ def encode_entries(entries: Sequence[Entry], form: CanalForm = LOCAL) -> list[by
             befores, afters = _images(entry)
             if befores or afters:
                 assert entry.images is not None
-                store += _wire.row_datas(entry.images.columns, form, befores, afters)
+                try:
+                    store += _wire.row_datas(entry.images.columns, form, befores, afters)
+                except (TypeError, ValueError, AttributeError, UnicodeError) as exc:
+                    raise _unwritable(entry, form, befores + afters) from exc
         out.append(_wire.entry_bytes(header, _ENTRY_TYPES[kind], store))
     return out
+
+
+def _unwritable(entry: Entry, form: CanalForm, images: Sequence[Sequence[Any]]) -> ValueError:
+    """The error for a rows entry with a value Canal's form cannot be made of: it names
+    the table, the column, its type and the value (found again value by value)."""
+    assert entry.images is not None
+    columns = entry.images.columns
+    h = entry.header
+    where = f"{h.schema}.{h.table} at {h.logfile}:{h.offset}"
+    for image in images:
+        if len(image) != len(columns.names):
+            return ValueError(
+                f"{where}: a row of {len(image)} values for {len(columns.names)} columns"
+            )
+        for name, mysql_type, value in zip(columns.names, columns.mysql_types, image, strict=True):
+            try:
+                column_value(mysql_type, value, form)
+            except (TypeError, ValueError, AttributeError, UnicodeError) as exc:
+                return ValueError(
+                    f"{where}: column {name} ({mysql_type}): no Canal text for {value!r}: {exc}"
+                )
+    return ValueError(f"{where}: the rows cannot be written as Canal's (before and after differ?)")
