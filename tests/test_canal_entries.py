@@ -9,12 +9,17 @@ float texts are as OpenJDK 17's ``Double.toString`` / ``Float.toString`` print t
 from __future__ import annotations
 
 import datetime
+import json
+import os
 import random
+import subprocess
+import sys
 from decimal import Decimal
 from typing import Any
 
 import msgpack
 import pytest
+from google.protobuf.json_format import MessageToDict
 
 from canal_protocol.canal import entry_pb2 as pb
 from canal_protocol.entry import Entry, EntryType, EventType, Header, RowImages, TableColumns
@@ -429,3 +434,65 @@ def test_a_value_without_a_canal_form_is_an_error_naming_the_column() -> None:
     short = _rows(EventType.DELETE, before=((1, 2, "x"),))
     with pytest.raises(ValueError, match="a row of 3 values for 4 columns"):
         encode_entries([short], UTC)
+
+
+_CANAL_PYTHON = """
+import json, sys
+from google.protobuf.json_format import MessageToDict
+from canal.protocol import EntryProtocol_pb2 as E
+out = []
+for line in sys.stdin:
+    entry = E.Entry.FromString(bytes.fromhex(line.strip()))
+    store = {1: E.TransactionBegin, 2: E.RowChange, 3: E.TransactionEnd}[entry.entryType]
+    out.append([MessageToDict(entry.header), entry.entryType,
+                MessageToDict(store.FromString(entry.storeValue))])
+print(json.dumps(out))
+"""
+
+
+def test_canal_python_reads_the_entries() -> None:
+    """canal-python 0.4 (PyPI; its own generated EntryProtocol classes) parses the bytes
+    into the same fields the project's generated classes read from them."""
+    cols = TableColumns(("id", "v", "b"), ("bigint unsigned", "double", "blob"),
+                        (True, False, False))  # fmt: skip
+    entries = [
+        Entry(
+            EntryType.TRANSACTIONBEGIN,
+            _header(EventType.GTID, schema="", table=""),
+            gtid_state="0-1-7",
+            thread_id=3,
+        ),
+        Entry(
+            EntryType.ROWDATA,
+            _header(EventType.UPDATE),
+            gtid_state="0-1-7",
+            images=RowImages(cols, ((2**64 - 1, -0.0, b"\x00\xff"),), ((1, 1e20, None),)),
+        ),
+        Entry(EntryType.ROWDATA, _header(EventType.ALTER), is_ddl=True, sql="ALTER TABLE t"),
+        Entry(
+            EntryType.TRANSACTIONEND,
+            _header(EventType.QUERY, schema="", table=""),
+            gtid_state="0-1-8",
+            xid=77,
+        ),
+    ]
+    data = encode_entries(entries, UTC)
+    env = {**os.environ, "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
+    done = subprocess.run(
+        [sys.executable, "-c", _CANAL_PYTHON], input="\n".join(d.hex() for d in data),
+        capture_output=True, text=True, env=env, timeout=120, check=True,
+    )  # fmt: skip
+    theirs = json.loads(done.stdout)
+    ours = []
+    for entry, store in (_decode(d) for d in data):
+        ours.append([MessageToDict(entry.header), entry.entryType, MessageToDict(store)])
+    assert theirs == ours
+    change = theirs[1][2]["rowDatas"][0]
+    assert change["beforeColumns"][0]["value"] == "18446744073709551615"
+    assert change["beforeColumns"][0]["sqlType"] == T.DECIMAL
+    assert change["beforeColumns"][2]["value"] == "\x00\xff"
+    assert change["afterColumns"][1] == {
+        "index": 1, "sqlType": T.DOUBLE, "name": "v", "updated": True, "isNull": False,
+        "value": "1.0E20", "mysqlType": "double",
+    }  # fmt: skip
+    assert theirs[3][2] == {"transactionId": "77"} and theirs[0][2] == {"threadId": "3"}
