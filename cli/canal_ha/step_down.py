@@ -18,10 +18,10 @@ from typing import Any
 
 import httpx
 
-from canal_cluster.keys import validate_id
 from canal_ha.args import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
 from canal_ha.source import add_source_options, leader_url, token
 from canal_protocol.errors import ConfigError, InvalidArgument
+from canal_protocol.ids import validate_id
 
 __all__ = ["register", "step_down"]
 

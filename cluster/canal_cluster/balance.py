@@ -37,9 +37,10 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from canal_cluster.coordinator import Coordinator
-from canal_cluster.keys import Keys, validate_id
+from canal_cluster.keys import Keys
 from canal_cluster.running import HandoverTarget, Placement, RunningInfo
 from canal_protocol.errors import CoordinationError, InvalidArgument
+from canal_protocol.ids import validate_id
 
 __all__ = ["Balancer", "ClusterView", "fair_share", "read_view"]
 

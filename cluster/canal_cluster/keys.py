@@ -12,9 +12,8 @@
     {p}/destinations/{d}/{client}/mark/{batch:020}  outstanding batch
     {p}/destinations/{d}/snapshots/{id}             incremental snapshot progress
 
-Every id is checked against ``[A-Za-z0-9_.-]{1,64}`` (``InvalidArgument`` naming the
-field) so nothing a caller sends can escape its prefix; ``.`` and ``..`` match it but
-are refused too (URLs and paths resolve them away: no client could use such an id).
+Every id is checked by the one id rule, ``canal_protocol.ids.validate_id``
+(``InvalidArgument`` naming the field), so nothing a caller sends can escape its prefix.
 Client ids ``cluster``, ``running`` and ``snapshots`` are refused: they would alias the
 destination's own keys.
 """
@@ -25,23 +24,14 @@ import re
 from dataclasses import dataclass
 
 from canal_protocol.errors import ConfigError, InvalidArgument
+from canal_protocol.ids import ID_ALPHABET, validate_id
 
+# validate_id: the one id rule, re-exported for the layers above (canal_protocol.ids)
 __all__ = ["DEFAULT_PREFIX", "Keys", "validate_id"]
 
 DEFAULT_PREFIX = "/canal"
-_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_PREFIX = re.compile(r"(/[A-Za-z0-9_.-]+)+")
+_PREFIX = re.compile(f"(/[{ID_ALPHABET}]+)+")
 _RESERVED_CLIENT_IDS = frozenset({"cluster", "running", "snapshots"})
-_DOT_IDS = frozenset({".", ".."})
-
-
-def validate_id(value: object, field: str) -> str:
-    """``value`` if it is a valid id, else ``InvalidArgument(field, ...)``."""
-    if not isinstance(value, str) or _ID.fullmatch(value) is None:
-        raise InvalidArgument(field, f"must match [A-Za-z0-9_.-]{{1,64}}, got {value!r}")
-    if value in _DOT_IDS:  # path segments that URLs and key paths resolve away
-        raise InvalidArgument(field, f"must not be {value!r}")
-    return value
 
 
 def _client_id(client: object) -> str:

@@ -63,7 +63,7 @@ from canal_cluster.coordinator import (
     WatchEvent,
     WatchEventType,
 )
-from canal_cluster.keys import Keys, validate_id
+from canal_cluster.keys import Keys
 from canal_protocol.errors import (
     CanalError,
     ConfigError,
@@ -73,6 +73,7 @@ from canal_protocol.errors import (
     HandoverFailed,
     HandoverTimeout,
 )
+from canal_protocol.ids import validate_id
 
 __all__ = [
     "ElectionConfig",
