@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from serving_fixtures import IDENTITY, EntryFactory, position_of
 
 from canal_protocol.entry import EntryType
 from canal_protocol.errors import InvalidArgument
-from canal_server.filter import EventFilter, NameFilter
+from canal_server.filter import MAX_PROGRAM, NAME_MEMO, EventFilter, NameFilter
 from canal_server.parse.logposition import MemoryLogPositionManager
 from canal_server.sink import EventSink
 from canal_server.store import EventStore
@@ -147,3 +149,65 @@ def test_sink_filters_stores_and_persists_raw_position_at_boundaries() -> None:
     sink.sink([ddl], IDENTITY)
     assert positions.get_latest("d") == position_of(ddl)
     assert [e.entry for e in store.get(None, 100)] == [*kept, *big, ddl]
+
+
+# -- the engine: RE2, linear time whatever the pattern (issue 37: ReDoS) ---------------------
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "(a)\\1",  # a backreference
+        "(?=db)db\\..*",  # look-ahead
+        "(?<!x)db\\..*",  # look-behind
+        "db\\.t\\Z",  # \Z (RE2 has \z)
+        "(.*){1000}(.*){1000}(.*){1000}!",  # over MAX_PROGRAM instructions
+    ],
+)
+def test_a_pattern_outside_the_linear_engine_is_refused_naming_the_field(pattern: str) -> None:
+    """A backtracking engine took seconds per name on such patterns; the filters'
+    engine refuses what it cannot match in linear time."""
+    with pytest.raises(InvalidArgument) as info:
+        EventFilter.for_client(f"ok\\..*, {pattern}")
+    assert info.value.field == "filter"
+    with pytest.raises(InvalidArgument) as info:
+        EventFilter(exclude=pattern)
+    assert info.value.field == "filter.black_regex"
+
+
+def test_pathological_patterns_run_on_re2_and_each_name_is_matched_once() -> None:
+    """``(.*){50}!`` and friends compile on RE2 (matching time linear in the name, the
+    program bounded by MAX_PROGRAM), and a filter matches a name once however many
+    entries carry it: a batch's cost is bounded by construction."""
+    calls: list[str] = []
+    for pattern in ("(.*){50}!", "(a+)+$", "(\\w+\\s?)*$", "(.*){1000}!", "((a|aa)+)+b"):
+        f = NameFilter(pattern, "filter", if_empty=True)
+        regex = f._regex
+        assert regex is not None and type(regex._re).__module__.startswith("re2")
+        assert regex._re.programsize <= MAX_PROGRAM
+        original = regex.fullmatch
+
+        def counted(name: str, original: Any = original) -> bool:
+            calls.append(name)
+            return bool(original(name))
+
+        regex.fullmatch = counted  # type: ignore[method-assign]
+        name = "a" * 64 + "." + "a" * 64
+        assert [f.matches(name) for _ in range(1000)] == [False] * 1000
+        assert f.matches(name[:-1] + "!") is (pattern == "(.*){50}!" or pattern == "(.*){1000}!")
+    assert len(calls) == 10  # two names per filter, each matched once
+
+
+def test_the_name_memo_is_bounded() -> None:
+    f = NameFilter("db\\..*", "filter", if_empty=True)
+    for i in range(NAME_MEMO * 2 + 5):
+        assert f.matches(f"db.t{i}")
+    assert len(f._memo) <= NAME_MEMO
+
+
+def test_canal_filter_syntax_keeps_working_on_re2() -> None:
+    f = NameFilter("canal\\..*, mysql\\.slave_.*, shop\\.order_\\d{4}, (?i)MiXed\\.T", "f", True)
+    assert f.matches("canal.t1") and f.matches("mysql.slave_x") and f.matches("shop.order_2024")
+    assert f.matches("mixed.t") and not f.matches("shop.order_24") and not f.matches("other.t")
+    assert NameFilter(".*\\..*", "f", True).matches("d.")  # a database DDL
+    assert NameFilter("日本\\..*", "f", True).matches("日本.表")
