@@ -1,22 +1,20 @@
 """The REST API of API.md against 3 real `canal-ha server` processes (with a token),
-driven by a plain httpx client: JSON and msgpack, redirects, auth, bad inputs, and a
-schemathesis run over the OpenAPI schema."""
+driven by a plain httpx client: JSON and msgpack, redirects, auth, bad inputs (the
+schemathesis run over the OpenAPI schema is test_api_fuzz.py)."""
 
 from __future__ import annotations
 
 import base64
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import msgpack
 import pytest
-from node_fixtures import DEST, WAIT_S, NodeProc, start_nodes, wait_leader
+from node_fixtures import DEST, NodeProc, start_nodes, wait_leader
 from reader_fixtures import collect_leaked_sockets
 
-from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
 from canal_protocol import Batch
 from canal_protocol.batch import PIECE_BYTES
@@ -364,47 +362,3 @@ def test_openapi_schema_is_complete(leader: NodeProc) -> None:
     assert MSGPACK in post["responses"]["200"]["content"]
     assert {"200", "307", "400", "401", "404", "409", "503"} <= set(post["responses"])
     assert "BatchOut" in schema["components"]["schemas"]
-
-
-def test_schemathesis_finds_no_server_error(leader: NodeProc, tmp_path: Path) -> None:
-    import schemathesis
-
-    schema = schemathesis.openapi.from_url(f"{leader.url}/openapi.json")
-    # /metrics is plain text, not worth fuzzing; everything else is
-    failures: list[str] = []
-    statuses: list[int] = []
-    for op_result in schema.get_all_operations():
-        op = op_result.ok()  # type: ignore[union-attr]
-        if op.path == "/metrics":
-            continue
-        strategy = op.as_strategy()
-        _fuzz_operation(strategy, op, leader, failures, statuses)
-    assert not failures, "\n".join(failures[:10])
-    assert len(statuses) > 100 and {200, 400} <= set(statuses), sorted(set(statuses))
-    wait_until(lambda: leader.is_running(), "leader still running", WAIT_S)
-
-
-def _fuzz_operation(
-    strategy: Any, op: Any, leader: NodeProc, failures: list[str], statuses: list[int]
-) -> None:
-    from hypothesis import HealthCheck, given, settings
-
-    @settings(
-        max_examples=25,
-        deadline=None,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(case=strategy)
-    def run(case: Any) -> None:
-        case.headers = {**(case.headers or {}), "Authorization": f"Bearer {TOKEN}"}
-        for holder in (case.body, case.query):  # keep long polls short
-            t = holder.get("timeout_ms") if isinstance(holder, dict) else None
-            if isinstance(t, int) and not isinstance(t, bool) and t > 50:
-                holder["timeout_ms"] = 50
-        response = case.call(base_url=leader.url, timeout=30)
-        statuses.append(response.status_code)
-        if response.status_code >= 500 and response.status_code != 503:
-            failures.append(f"{op.method.upper()} {case.formatted_path}: {response.status_code}")
-
-    run()

@@ -24,22 +24,37 @@ from canal_protocol.errors import NotSubscribed
 from canal_server.api.access import Access
 from canal_server.api.lane import BatchLane
 from canal_server.api.openapi import MAX_BODY
+from canal_server.api.poll import Polls
 from canal_server.config import AdminToken, AuthSection, ConsumerToken
 from canal_server.instance import Role
+from canal_server.store import EventStore
 
 PATH = "/v1/destinations/d1/clients/c1/batches"
 ADMIN, LIMITED = "admin-token", "consumer-token"
 
 
+class _Meta:
+    def __init__(self, filter: str) -> None:
+        self.filter = filter
+
+    def subscription(self, client: str) -> str:
+        return self.filter
+
+
 class _Server:
     """The leader's ``EmbeddedServer``: records the gets it is asked, and the thread each
-    ran in. ``ready``: the batch there already (else every get answers an empty one)."""
+    ran in. ``ready``: the batch there already (else every get answers an empty one);
+    ``filter``: the client's filter (its gets run in a worker thread)."""
 
-    def __init__(self, fail: Exception | None = None, ready: Batch | None = None) -> None:
+    def __init__(
+        self, fail: Exception | None = None, ready: Batch | None = None, filter: str = ""
+    ) -> None:
         self.gets: list[tuple[Any, ...]] = []
         self.threads: list[threading.Thread] = []
         self.fail = fail
         self.ready = ready
+        self.store = EventStore("d1")
+        self.meta = _Meta(filter)
 
     def get_without_ack(self, *args: Any) -> Batch:
         self.gets.append(("get_without_ack", *args))
@@ -56,13 +71,12 @@ class _Server:
 class _Node:
     def __init__(self, server: _Server | None) -> None:
         self.server = server
-
-    def instance(self, destination: str) -> Any:
-        serving = (self.server, 3) if self.server is not None else None
-        return SimpleNamespace(serving=lambda: serving, monitor=None)
+        self.config = SimpleNamespace(node=SimpleNamespace(body_timeout_s=30.0))
 
     def view(self, destination: str) -> Any:
-        return SimpleNamespace(handing_to=None, role=Role.STANDBY, leader=None, epoch=3)
+        serving = (self.server, 3) if self.server is not None else None
+        role = Role.LEADER if serving is not None else Role.STANDBY
+        return SimpleNamespace(handing_to=None, role=role, leader=None, epoch=3, serving=serving)
 
 
 class _Harness:
@@ -71,7 +85,7 @@ class _Harness:
     def __init__(self, server: _Server | None, auth: AuthSection | None = None) -> None:
         self.reached: list[tuple[str, str, bytes]] = []
         self.lane = BatchLane(self._app, Access(auth or AuthSection()))
-        self.state = SimpleNamespace(node=_Node(server))
+        self.state = SimpleNamespace(node=_Node(server), polls=Polls(100))
 
     async def _app(self, scope: Any, receive: Any, send: Any) -> None:
         body = b""
@@ -112,17 +126,26 @@ def test_a_usual_get_is_served_by_the_lane() -> None:
     assert r.status_code == 200
     assert r.headers["x-canal-epoch"] == "3"
     assert msgpack.unpackb(r.content) == {"id": 7, "entries": []}
-    # nothing there: a try without waiting on the event loop, then the long poll in a
-    # worker thread (the try's ack is done: the poll's is a no-op)
+    # nothing there: tries without waiting, on the event loop, before and after the wait
+    # for the store (the first try's ack is done: the second's is a no-op); no thread
     assert server.gets == [
         ("get_without_ack", "c1", 5, 0.0, "r-1", 4),
-        ("get_without_ack", "c1", 5, 0.25, "r-1", 4),
+        ("get_without_ack", "c1", 5, 0.0, "r-1", 4),
     ]
-    assert server.threads[0] is threading.main_thread()  # anyio.run's loop: this thread
-    assert server.threads[1] is not threading.main_thread()
+    assert server.threads == [threading.main_thread()] * 2  # anyio.run's loop: this thread
     r = h.call("POST", json={"auto_ack": True})  # JSON, Canal's get
     assert r.json() == {"id": 8, "entries": []}
     assert server.gets[-1] == ("get", "c1", 1000, 0.0, None, None)
+
+
+def test_a_client_with_a_filter_is_served_in_worker_threads() -> None:
+    """A client filter never runs on the event loop."""
+    server = _Server(filter="db\\..*")
+    h = _Harness(server)
+    r = h.call("POST", json={"size": 5, "timeout_ms": 100})
+    assert r.status_code == 200 and r.json() == {"id": 7, "entries": []}
+    assert len(server.threads) == 2
+    assert threading.main_thread() not in server.threads
 
 
 def test_a_batch_that_is_there_is_taken_on_the_event_loop() -> None:

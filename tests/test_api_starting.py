@@ -3,7 +3,8 @@ its term, waits for the term instead of getting 503 ``no_leader`` (Retry-After 1
 whole second lost by a client that followed etcd's watch to it).
 
 A fast unit test: ``LeaderLookup`` on a FastAPI app of its own, over a node stand-in
-whose destination turns from "won, loading" into "serving" after a moment.
+whose view of the destination (``Node.view``: the one answer to "is this node serving
+it") turns from "starting" (won, loading) into "serving" after a moment.
 """
 
 from __future__ import annotations
@@ -55,8 +56,12 @@ class _Node:
         return self.inst
 
     def view(self, destination: str) -> DestinationView:
-        role, epoch = self.inst.role()
-        return DestinationView(role, epoch or 3, None)  # etcd still names no one usable
+        serving = self.inst.serving()
+        if serving is not None:
+            return DestinationView(Role.LEADER, 7, None, serving=serving)  # type: ignore[arg-type]
+        # Node.view: won (the monitor holds epoch 7) but not serving yet; etcd still names
+        # no one usable
+        return DestinationView(Role.STARTING, 7, None)
 
 
 def app_of(node: _Node) -> FastAPI:

@@ -16,7 +16,7 @@ from node_fixtures import DEST, node_cluster, wait_leader  # noqa: F401  (fixtur
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
 from canal_ha.sandbox.ports import free_port
-from canal_server.api_models import HealthOut
+from canal_server.api.models import HealthOut
 from canal_server.instance import BinlogEndProbe, master_status
 
 DSN = {"host": "127.0.0.1", "port": 3306, "user": "canal", "password": ""}

@@ -17,7 +17,7 @@ from node_fixtures import DEST, NodeProc, start_nodes, wait_leader
 
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
-from canal_server.api_models import HealthOut
+from canal_server.api.models import HealthOut
 from canal_server.parse import rowcodec
 
 SandboxFactory = Callable[..., Sandbox]

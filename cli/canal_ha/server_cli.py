@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def server(args: argparse.Namespace) -> int:
     from canal_server.config import load_config
+    from canal_server.log_limit import install_log_limit
     from canal_server.secrets import install_log_redaction
     from canal_server.serve import run_node
 
@@ -32,4 +33,5 @@ def server(args: argparse.Namespace) -> int:
     if root.level > logging.INFO:
         root.setLevel(logging.INFO)
     install_log_redaction(root)  # a last guard: no secret of the config in the log
+    install_log_limit(root)  # no cause (a client's bad requests) writes more than a few lines
     return run_node(config)

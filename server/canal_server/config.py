@@ -3,11 +3,14 @@
 Layout (keys follow Canal's instance.properties where one exists)::
 
     [node]
-    id = "node1"                          # [A-Za-z0-9_.-]{1,64}, unique in the cluster
+    id = "node1"                          # an id (canal_protocol.ids), unique in the cluster
     listen = "127.0.0.1:11111"            # host:port uvicorn binds
     advertise_url = "http://127.0.0.1:11111"  # what other nodes redirect to (default: from listen)
     http = "auto"                         # parser: auto (httptools if installed), h11, httptools
     loop = "auto"                         # event loop: auto (uvloop if installed), asyncio, uvloop
+    header_timeout_s = 10.0               # a request's head must arrive within this long
+    body_timeout_s = 30.0                 # its body within this long after the head (else 408)
+    max_long_polls = 2000                 # long polls waiting at once; more: 503 at once
 
     [etcd]
     endpoints = ["http://127.0.0.1:2379"]  # https:// = TLS
@@ -108,9 +111,10 @@ from pydantic import (
 )
 
 from canal_cluster.etcd_security import EtcdSecurity
-from canal_cluster.keys import Keys, validate_id
+from canal_cluster.keys import Keys
 from canal_cluster.running import ElectionConfig
 from canal_protocol.errors import ConfigError, InvalidArgument
+from canal_protocol.ids import validate_id
 from canal_server.filter import EventFilter
 from canal_server.secrets import Secret, SecretText
 
@@ -150,7 +154,7 @@ def _existing_file(path: str) -> str:
 
 
 def _check_id(value: str) -> str:
-    """The id rule of ``canal_cluster.keys.validate_id``, as a pydantic ValueError."""
+    """The id rule of ``canal_protocol.ids.validate_id``, as a pydantic ValueError."""
     try:
         return validate_id(value, "id")
     except InvalidArgument as exc:
@@ -167,6 +171,12 @@ class NodeSection(_Section):
     advertise_url: str = ""
     http: Literal["auto", "h11", "httptools"] = "auto"
     loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    # slow clients (docs/api.md, "Limits"): a connection that has not sent a request's
+    # whole head this long after it opened (or after the previous answer) is closed; a
+    # body not read whole this long after the head is a 408
+    header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    body_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    max_long_polls: int = Field(default=2000, ge=1, le=100_000)
 
     _id = field_validator("id")(_check_id)
     _listen = field_validator("listen")(_host_port)

@@ -46,6 +46,7 @@ from canal_protocol.errors import (
     UnknownDestination,
 )
 from canal_server.config import NodeConfig
+from canal_server.embedded import EmbeddedServer
 from canal_server.instance import Instance, Role, build_instance
 from canal_server.metrics import (
     ClientGauge,
@@ -92,12 +93,14 @@ class EtcdProbe:
 
 @dataclass(frozen=True)
 class DestinationView:
-    """What the API needs to route one request for a destination."""
+    """What the API needs to route one request for a destination: the one answer to
+    "does this node serve it now" (``serving``, set exactly when ``role`` is LEADER)."""
 
     role: Role
     epoch: int  # ours when leading, else the known leader's (0 = unknown)
     leader: RunningInfo | None
     handing_to: str | None = None  # this node is handing it over to that node
+    serving: tuple[EmbeddedServer, int] | None = None  # (server, epoch) while leading
 
 
 class Node:
@@ -397,9 +400,17 @@ class Node:
         return inst
 
     def view(self, destination: str) -> DestinationView:
+        """How this node stands for ``destination``: serving it (``Instance.serving``,
+        the term's own answer), starting to (won the election, the term is loading),
+        fenced, or a standby that knows the leader. ``UnknownDestination`` else."""
         inst = self.instance(destination)
-        role, epoch = inst.role()
+        serving = inst.serving()
         leader = self._leaders.get(destination)
+        if serving is not None:
+            return DestinationView(Role.LEADER, serving[1], leader, serving=serving)
+        role, epoch = inst.role()
+        if role is Role.LEADER:  # it began serving between the two reads
+            role = Role.STARTING
         if role is Role.STANDBY:
             monitor = self.monitors[destination]
             ours = monitor.leader_epoch()

@@ -26,7 +26,9 @@ from starlette.types import ASGIApp, Message
 
 from canal_server.access import check_at_start
 from canal_server.api import create_app
+from canal_server.api.transport import protocol_class
 from canal_server.config import NodeConfig
+from canal_server.log_limit import install_log_limit
 from canal_server.node import Node
 
 __all__ = [
@@ -138,9 +140,10 @@ def run_node(config: NodeConfig) -> int:
         ssl_certfile=config.tls.cert_file or None,
         ssl_keyfile=config.tls.key_file or None,
         lifespan="off",
-        http=config.node.http,
+        http=protocol_class(config.node.http, config.node.header_timeout_s),
         loop=config.node.loop,
     )
+    install_log_limit(logging.getLogger("uvicorn"))  # its own handlers: the same limit
     uv = _NodeServer(uv_config, node.begin_leaving)
     node.start()
     try:

@@ -15,8 +15,10 @@
 * ``/console`` is the web console (``routes_console``): static files of the package,
   fed by ``/v1/console/state``; admin actions through ``/v1/console/actions``.
 * ``/docs`` is Swagger UI from the package's own files (``canal_server/static``): it
-  works offline.
-* Blocking store calls (long polls) run in a worker thread, never on the event loop.
+  works offline; ``/openapi.json`` documents the answers each route really gives.
+* Blocking calls run in worker threads (at most ``deps.MAX_THREADS``), never on the
+  event loop; a long poll waits on the event loop for its store (``poll``), holding no
+  thread, at most ``node.max_long_polls`` at once (one more: 503 ``overloaded``).
 * A usual get (``POST .../batches``: a valid body, an allowed token, this node leading)
   takes the express lane (``lane.BatchLane``): the route's own parts without FastAPI's
   routing and dependency layers; every other request, and every refusal, is the
@@ -26,35 +28,37 @@
   lists; compact msgpack batches are joined from the entries' once-made bytes.
 
 Errors are ``{"error": code, "message": ..., "field"?: ..., "leader"?: ...}``:
-400 invalid_argument / bad_body, 413 payload_too_large (a body over 64 KiB), 401
-unauthorized, 403 forbidden (a consumer token out of its limits or on an admin route),
-404 unknown_destination / unknown_batch / not_found, 405 method_not_allowed, 409
-not_subscribed / batch_not_outstanding / handover_failed, 307 not_leader, 503 no_leader /
-fenced / starting / unavailable / etcd_unavailable / handover_timeout.
+400 invalid_argument / bad_body, 408 request_timeout (a body slower than
+``node.body_timeout_s``), 413 payload_too_large (a body over 64 KiB), 401 unauthorized,
+403 forbidden (a consumer token out of its limits or on an admin route), 404
+unknown_destination / unknown_batch / unknown_table / unknown_snapshot / not_found, 405
+method_not_allowed, 409 not_subscribed / batch_not_outstanding / snapshot_conflict /
+handover_failed, 307 not_leader, 503 no_leader / fenced / starting / handing_over /
+overloaded / unavailable / source_unavailable / etcd_unavailable / handover_timeout; 500
+internal (a bug: ``errors.Guard`` logs it).
 """
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from canal_server.api import (
     errors,
+    openapi,
     routes_admin,
     routes_console,
     routes_destinations,
     routes_docs,
     routes_node,
+    routes_snapshots,
     routes_tables,
 )
-from canal_server.api import models as m
 from canal_server.api.access import Access
-from canal_server.api.deps import LeaderLookup, read_body, require_admin
-from canal_server.api.encoding import encode
 from canal_server.api.lane import BatchLane
+from canal_server.api.poll import Polls
 from canal_server.api.responses import EpochHeader
 from canal_server.node import Node
-from canal_server.snapshot_routes import SnapshotRouteParts, add_snapshot_routes
 
 __all__ = ["create_app"]
 
@@ -65,28 +69,23 @@ def create_app(node: Node) -> FastAPI:
         title="canal-ha",
         version="1",
         description=__doc__,
-        responses={401: {"model": m.ErrorBody}, 403: {"model": m.ErrorBody}},
         docs_url=None,  # routes_docs serves it from the package's own Swagger UI files
         redoc_url=None,  # ReDoc would load its script from a CDN
     )
     app.state.node = node
     app.state.access = Access(node.config.auth)
+    app.state.polls = Polls(node.config.node.max_long_polls)
     errors.install(app)
+    openapi.install(app)
     app.mount("/static", StaticFiles(directory=routes_docs.STATIC_DIR), name="static")
     app.include_router(routes_docs.router)
     app.include_router(routes_node.router)
     app.include_router(routes_destinations.router)
     app.include_router(routes_tables.router)
+    app.include_router(routes_snapshots.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_console.router)
-    # snapshots change the cluster: admin tokens only
-    parts = SnapshotRouteParts(require_admin, _leader_of, encode, read_body)
-    add_snapshot_routes(app, node, parts)
     app.add_middleware(BatchLane, access=app.state.access)  # the get's lane: inside EpochHeader
     app.add_middleware(EpochHeader, node=node)
+    app.add_middleware(errors.Guard)  # outermost of ours: what nothing answered is a 500
     return app
-
-
-def _leader_of(request: Request, destination: str, client_id: str | None) -> object:
-    """The destination's leader on this node, else the 307/503 answer (``LeaderLookup``)."""
-    return LeaderLookup(request, destination, client_id or "").leader()

@@ -5,12 +5,12 @@ FastAPI's layers in front of a route (matching the path against every route, sol
 its dependencies, the exception and exit-stack middleware) cost a get more CPU than
 taking its batch from the store (docs/benchmarks.md). The lane, an ASGI middleware
 inside ``EpochHeader``, serves a get without them, through the same parts the route
-uses: the token's ``Access`` grant, the ``BatchRequest`` model, ``LeaderLookup`` (its
-``call`` runs the get and maps errors) and ``respond``. The get is first tried on the
-event loop without waiting: a batch that is there already is answered without the hop
-to a worker thread and back (two cross-thread wake-ups, each of which waited for a
-core at 5,000 tx/s, measured on tree 3ffb6a6); a long poll that found nothing
-then waits in a worker thread.
+uses: ``deps.authorize`` (the token), ``deps.read_raw`` and ``deps.parse_body`` (the
+body as ``BatchRequest``), ``LeaderLookup`` and ``poll.poll_batch`` (the get: a batch
+that is there already is taken on the event loop, without the hop to a worker thread
+and back, two cross-thread wake-ups that each waited for a core at 5,000 tx/s, measured
+on tree 3ffb6a6; unless the client has a filter; a long poll waits on the event loop),
+and ``respond``.
 
 It takes a get only when nothing about it is unusual: a known token allowed on the
 path (or a node without tokens), a body that validates, a leader serving on this node.
@@ -24,22 +24,18 @@ from __future__ import annotations
 
 import re
 
-from fastapi.security.utils import get_authorization_scheme_param
-from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from canal_protocol.batch import Batch
 from canal_protocol.errors import CanalError
 from canal_server.api import models as m
 from canal_server.api.access import Access
-from canal_server.api.deps import LeaderLookup, decode_body
+from canal_server.api.deps import LeaderLookup, authorize, parse_body, read_raw
 from canal_server.api.encoding import encode
 from canal_server.api.errors import ApiError
-from canal_server.api.openapi import MAX_BODY
+from canal_server.api.poll import poll_batch
 from canal_server.api.responses import respond
-from canal_server.api.routes_destinations import taker
 
 __all__ = ["BatchLane"]
 
@@ -60,86 +56,61 @@ class BatchLane:
         if match is None or not self._allowed(scope, match[1], match[2]):
             await self.app(scope, receive, send)
             return
-        messages, body = await _read(receive)
+        messages: list[Message] = []
+
+        async def recorded() -> Message:
+            message = await receive()
+            messages.append(message)
+            return message
+
         replay = _replay(messages, receive)
         request = Request(scope, replay)
-        get = _valid(request, body)
+        try:
+            get = await _valid(Request(scope, recorded))
+        except ApiError as err:  # a body too slow: answered now, not waited for twice
+            await encode(request, err.body(), err.status, err.headers)(scope, replay, send)
+            return
         lead = LeaderLookup(request, match[1], match[2])
         if get is None or not _leads(lead):
             await self.app(scope, replay, send)
             return
         try:
-            batch, epoch = await _take(lead, get)
+            batch, epoch = await poll_batch(scope["app"].state.polls, lead, get)
         except ApiError as err:
             await encode(request, err.body(), err.status, err.headers)(scope, replay, send)
             return
         await respond(request, batch, epoch=epoch, layout=get.layout)(scope, replay, send)
 
     def _allowed(self, scope: Scope, destination: str, client_id: str) -> bool:
-        """``check_token``'s yes (the app answers its no), read the way it reads it."""
-        access = self.access
-        if not access.enabled:
-            return True
+        """``authorize``'s yes (the app answers its no)."""
         header = Headers(scope=scope).get("authorization")
-        scheme, credentials = get_authorization_scheme_param(header)
-        if scheme.lower() != "bearer" or not credentials:
+        try:
+            authorize(self.access, header, destination, client_id)
+        except ApiError:
             return False
-        grant = access.grant_of(credentials.encode())
-        return grant is not None and grant.refusal(destination, client_id) is None
-
-
-async def _read(receive: Receive) -> tuple[list[Message], bytes | None]:
-    """The body's messages, and the body (None: over ``MAX_BODY``, or the client left)."""
-    messages: list[Message] = []
-    size = 0
-    while True:
-        message = await receive()
-        messages.append(message)
-        if message["type"] != "http.request":
-            return messages, None
-        size += len(message.get("body", b""))
-        if size > MAX_BODY:
-            return messages, None
-        if not message.get("more_body", False):
-            return messages, b"".join(x.get("body", b"") for x in messages)
+        return True
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:
     """``receive`` that first gives the messages already read."""
-    pending = list(messages)
 
     async def replayed() -> Message:
-        if pending:
-            return pending.pop(0)
+        if messages:
+            return messages.pop(0)
         return await receive()
 
     return replayed
 
 
-def _valid(request: Request, body: bytes | None) -> m.BatchRequest | None:
-    """The body as the route would take it, else None (the route answers it)."""
-    if body is None:
-        return None
+async def _valid(request: Request) -> m.BatchRequest | None:
+    """The body as the route would take it, else None (the route answers it); a body
+    that did not arrive in time raises its 408."""
     try:
-        data = decode_body(request, body)
-        return m.BatchRequest.model_validate(data) if isinstance(data, dict) else None
-    except (ApiError, ValidationError):
+        return parse_body(request, await read_raw(request), m.BatchRequest)
+    except ApiError as err:
+        if err.status == 408:
+            raise
         return None
-
-
-async def _take(lead: LeaderLookup, get: m.BatchRequest) -> tuple[Batch, int]:
-    """The get: first on the event loop without waiting (a batch that is there already
-    costs no hop to a worker thread and back: two cross-thread wake-ups, each waiting
-    for a core on a busy machine); else, for a long poll, in a worker thread. The first
-    try's ack is done, so the second's is a no-op; a request id is remembered only with
-    a batch taken."""
-    if get.timeout_ms > 0:
-        now = get.model_copy(update={"timeout_ms": 0})
-        batch, epoch = await lead.call(taker(lead.client_id, now), here=True)
-        if not batch.is_empty:
-            return batch, epoch
-    result: tuple[Batch, int] = await lead.call(taker(lead.client_id, get))
-    return result
 
 
 def _leads(lead: LeaderLookup) -> bool:

@@ -8,10 +8,12 @@ bytes; in JSON they are base64 strings.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
+from canal_protocol.errors import InvalidArgument
+from canal_protocol.ids import ID_JSON_PATTERN, ID_MAX_LEN, validate_id
 from canal_server.embedded import MAX_BATCH_SIZE, MAX_TIMEOUT_S
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "EtcdOut",
     "HeaderOut",
     "HealthOut",
+    "Id",
     "IdentityIn",
     "Layout",
     "Position",
@@ -54,12 +57,16 @@ __all__ = [
     "ReaderPositionOut",
     "RollbackOut",
     "RowOut",
+    "SnapshotListOut",
+    "SnapshotOut",
+    "SnapshotRequest",
     "StepDownOut",
     "StepDownRequest",
     "SubscriptionOut",
     "SubscriptionRequest",
     "TableColumnOut",
     "TableOut",
+    "TableProgressOut",
     "UnsubscribeOut",
 ]
 
@@ -71,6 +78,23 @@ LAYOUT_DOC = (
     " and `before`/`after` as lists of value lists in column order (no `rows`)"
 )
 MAX_FILTER_LEN = 4096
+
+
+def _id(value: str) -> str:
+    try:
+        return validate_id(value, "id")
+    except InvalidArgument as exc:
+        raise ValueError(exc.reason) from None
+
+
+# An id in a body (the one id rule, canal_protocol.ids): 400 naming its field
+Id = Annotated[
+    str,
+    AfterValidator(_id),
+    WithJsonSchema(
+        {"type": "string", "minLength": 1, "maxLength": ID_MAX_LEN, "pattern": ID_JSON_PATTERN}
+    ),
+]
 
 
 class _Request(BaseModel):
@@ -371,9 +395,8 @@ MAX_STEP_DOWN_MS = 600_000
 
 
 class StepDownRequest(_Request):
-    to: str | None = Field(
+    to: Id | None = Field(
         default=None,
-        max_length=64,
         description="the node to hand over to: live, not leaving, configured for the "
         "destination; default: the one leading the fewest destinations",
     )
@@ -486,17 +509,13 @@ class ConsoleStateOut(BaseModel):
 
 class ConsoleActionRequest(_Request):
     action: Literal["step_down", "start_snapshot", "cancel_snapshot", "rollback"]
-    destination: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
-    client_id: str | None = Field(
-        default=None, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="rollback"
-    )
-    snapshot_id: str | None = Field(
-        default=None, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="cancel_snapshot"
-    )
+    destination: Id
+    client_id: Id | None = Field(default=None, description="rollback")
+    snapshot_id: Id | None = Field(default=None, description="cancel_snapshot")
     tables: list[str] | None = Field(
         default=None, max_length=256, description="start_snapshot: regexes on schema.table"
     )
-    to: str | None = Field(default=None, max_length=64, description="step_down: the successor")
+    to: Id | None = Field(default=None, description="step_down: the successor")
 
 
 class ConsoleActionOut(BaseModel):
@@ -505,3 +524,50 @@ class ConsoleActionOut(BaseModel):
     leader: str = Field(description="the URL the action was sent to")
     status: int = Field(description="the leader's HTTP status (also this answer's)")
     result: dict[str, Any] = Field(description="the leader's answer")
+
+
+# -- incremental snapshots (routes_snapshots.py) ----------------------------------------------
+
+
+class SnapshotRequest(_Request):
+    tables: list[str] = Field(
+        min_length=1,
+        max_length=256,
+        description="regexes matched against the whole `schema.table` (case-insensitive, "
+        'the filter\'s engine: docs/api.md, "Filters"); every table must be InnoDB, inside '
+        "the destination's filter, with a primary key or a unique key of NOT NULL columns",
+    )
+    chunk_rows: int | None = Field(
+        default=None, ge=1, le=1_000_000, description="rows per chunk (default: the config's)"
+    )
+
+
+class TableProgressOut(BaseModel):
+    table: str
+    done: bool
+    rows: int = Field(description="rows read into the stream (re-read chunks count again)")
+    chunks: int
+    last_key: list[Any] | None = Field(description="the last key read (bytes as {b64})")
+    note: str = Field(description='"dropped" when the table went away during the snapshot')
+
+
+class SnapshotOut(BaseModel):
+    id: str
+    state: str = Field(description="pending, running, done, cancelled or failed")
+    tables: list[TableProgressOut]
+    tables_done: int
+    tables_total: int
+    rows: int
+    chunks: int
+    rows_per_s: float = Field(
+        description="running: since this leader took the snapshot up; done: over its run"
+    )
+    chunk_rows: int
+    created_ms: int
+    started_ms: int
+    finished_ms: int
+    error: str
+
+
+class SnapshotListOut(BaseModel):
+    snapshots: list[SnapshotOut]

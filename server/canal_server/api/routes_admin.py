@@ -14,20 +14,17 @@ from fastapi.responses import Response
 
 from canal_protocol.errors import CoordinationError, HandoverFailed, HandoverTimeout
 from canal_server.api import models as m
-from canal_server.api.deps import LeaderLookup, in_thread, node_of, read_body, require_admin
+from canal_server.api.deps import DestLead, in_thread, node_of, read_body, require_admin
 from canal_server.api.errors import ApiError, api_error_of, unavailable
-from canal_server.api.openapi import DestPath, body_doc, ok
+from canal_server.api.openapi import DEST_ERRORS, answers, body_doc
 from canal_server.api.responses import respond
 
 __all__ = ["router"]
 
 router = APIRouter(tags=["admin"])
 
-# LeaderLookup checks a client id too: this route has none, any valid one does.
-_NO_CLIENT = "step-down"
-
 _RESPONSES = {
-    **ok(m.StepDownOut, "the successor leads"),
+    **answers(m.StepDownOut, *DEST_ERRORS, body=True, description="the successor leads"),
     409: {"model": m.ErrorBody, "description": "`handover_failed`: no other node can take it"},
     503: {
         "model": m.ErrorBody,
@@ -43,12 +40,12 @@ _RESPONSES = {
     openapi_extra=body_doc(m.StepDownRequest, False),
     dependencies=[Depends(require_admin)],  # a step-down changes the cluster: admin tokens only
 )
-async def step_down(request: Request, destination: str = DestPath) -> Response:
+async def step_down(request: Request, lead: DestLead) -> Response:
     """Graceful handover: the leader stops serving, flushes its meta, and the chosen
     node takes over at once (no TTL, no switch delay); clients follow it."""
     body = await read_body(request, m.StepDownRequest)
-    LeaderLookup(request, destination, _NO_CLIENT).leader()  # 307 to the leader, or 503
-    node = node_of(request)
+    lead.leader()  # 307 to the leader, or 503
+    node, destination = node_of(request), lead.destination
     try:
         out = await in_thread(
             request, lambda: node.step_down(destination, body.to, body.timeout_ms / 1000)

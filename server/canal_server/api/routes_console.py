@@ -30,7 +30,7 @@ from canal_protocol.errors import CoordinationError
 from canal_server.api import models as m
 from canal_server.api.deps import node_of, read_body, require_admin
 from canal_server.api.errors import ApiError, unavailable
-from canal_server.api.openapi import body_doc, ok
+from canal_server.api.openapi import ERRORS, answers, body_doc
 from canal_server.api.responses import respond
 from canal_server.api.routes_docs import STATIC_DIR
 from canal_server.console import Throughput, merge, node_state
@@ -81,7 +81,7 @@ async def console() -> FileResponse:
     return FileResponse(CONSOLE_HTML, media_type="text/html", headers={"Cache-Control": "no-store"})
 
 
-@router.get("/v1/console/node", responses=ok(m.ConsoleNodeOut))
+@router.get("/v1/console/node", responses=answers(m.ConsoleNodeOut))
 async def console_node(request: Request) -> Response:
     """This node's part of the console: health, and per destination the reader's lag,
     rows/s, the leadership changes it saw, and (on the leader) clients and snapshots."""
@@ -116,7 +116,7 @@ async def _peer_parts(
     return parts
 
 
-@router.get("/v1/console/state", responses=ok(m.ConsoleStateOut))
+@router.get("/v1/console/state", responses=answers(m.ConsoleStateOut))
 async def console_state(request: Request) -> Response:
     """The whole cluster for the console: nodes (alive = registered in etcd), each
     destination's leader, epoch, reader position, binlog end, lag, rows/s history,
@@ -132,6 +132,30 @@ async def console_state(request: Request) -> Response:
         cluster, etcd_error = None, f"{type(exc).__name__}: {exc}"
     parts = await _peer_parts(request, cluster, own)
     return respond(request, merge(own, cluster, parts, etcd_error))
+
+
+# The leader's status is the action's: its ConsoleActionOut, or this node's own refusal
+_ACTION_OR_ERROR = {
+    "anyOf": [
+        {"$ref": "#/components/schemas/ConsoleActionOut"},
+        {"$ref": "#/components/schemas/ErrorBody"},
+    ]
+}
+_ACTION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **answers(m.ConsoleActionOut, description="the leader's answer (its status is this answer's)"),
+    201: {
+        "model": m.ConsoleActionOut,
+        "description": "start_snapshot: the leader's answer (its status is this answer's)",
+    },
+    **{
+        code: {
+            "description": f"this node's refusal (`ErrorBody`), or the leader's answer with "
+            f"this status (`ConsoleActionOut`): {ERRORS[code]}",
+            "content": {"application/json": {"schema": _ACTION_OR_ERROR}},
+        }
+        for code in (307, 400, 401, 403, 404, 408, 409, 413, 503)
+    },
+}
 
 
 def _request_of(body: m.ConsoleActionRequest) -> tuple[str, str, dict[str, Any] | None]:
@@ -157,7 +181,7 @@ def _request_of(body: m.ConsoleActionRequest) -> tuple[str, str, dict[str, Any] 
 
 def _leader_url(node: Node, destination: str) -> str:
     view = node.view(destination)  # 404 unknown destination
-    if view.role.value == "leader":
+    if view.serving is not None:
         return node.url
     if view.leader is None or not view.leader.url:
         raise unavailable("no_leader", f"{destination}: no leader is known right now")
@@ -166,7 +190,7 @@ def _leader_url(node: Node, destination: str) -> str:
 
 @router.post(
     "/v1/console/actions",
-    responses=ok(m.ConsoleActionOut, "the leader's answer (its status is this answer's)"),
+    responses=_ACTION_RESPONSES,
     openapi_extra=body_doc(m.ConsoleActionRequest, True),
     dependencies=[Depends(require_admin)],  # every action changes the cluster
 )
@@ -195,6 +219,8 @@ async def console_action(request: Request) -> Response:
     try:
         result: Any = r.json()
     except ValueError:
+        result = None
+    if not isinstance(result, dict):
         result = {"error": "bad_answer", "message": r.text[:500]}
     log.info(
         "%s: console %s sent to the leader %s (node %s, epoch %d): HTTP %d",

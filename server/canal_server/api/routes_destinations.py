@@ -7,8 +7,6 @@ Each reads its body (if any), runs one EmbeddedServer call on the destination's 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
-from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -16,11 +14,19 @@ from fastapi.responses import Response
 from canal_protocol.positions import LogPosition
 from canal_server.api import models as m
 from canal_server.api.deps import Lead, check_token, read_body
-from canal_server.api.openapi import BatchPath, LayoutQuery, TimeoutQuery, body_doc, ok
+from canal_server.api.openapi import (
+    DEST_ERRORS,
+    BatchPath,
+    LayoutQuery,
+    TimeoutQuery,
+    answers,
+    body_doc,
+)
+from canal_server.api.poll import poll_batch, poll_refetch
 from canal_server.api.responses import respond
-from canal_server.embedded import EmbeddedServer, Start
+from canal_server.embedded import Start
 
-__all__ = ["router", "taker"]
+__all__ = ["router"]
 
 BASE = "/v1/destinations/{destination}/clients/{client_id}"
 _TAGS: list[str | enum.Enum] = ["destinations"]
@@ -36,7 +42,7 @@ def _start_of(start: str | m.PositionIn) -> Start:
 
 @router.put(
     "/subscription",
-    responses=ok(m.SubscriptionOut),
+    responses=answers(m.SubscriptionOut, *DEST_ERRORS, body=True),
     openapi_extra=body_doc(m.SubscriptionRequest, False),
 )
 async def subscribe(request: Request, lead: Lead) -> Response:
@@ -55,7 +61,7 @@ async def subscribe(request: Request, lead: Lead) -> Response:
     return respond(request, out, epoch=epoch)
 
 
-@router.delete("/subscription", responses=ok(m.UnsubscribeOut))
+@router.delete("/subscription", responses=answers(m.UnsubscribeOut, *DEST_ERRORS))
 async def unsubscribe(request: Request, lead: Lead) -> Response:
     """Unsubscribe: forget the client's cursor and batches (idempotent)."""
     _, epoch = await lead.call(lambda s: s.unsubscribe(lead.client_id))
@@ -65,31 +71,23 @@ async def unsubscribe(request: Request, lead: Lead) -> Response:
 
 @router.post(
     "/batches",
-    responses=ok(m.BatchOut, "a batch; `{id: -1, entries: []}` when nothing arrived"),
+    responses=answers(
+        m.BatchOut, *DEST_ERRORS, 409, body=True,
+        description="a batch; `{id: -1, entries: []}` when nothing arrived",
+    ),
     openapi_extra=body_doc(m.BatchRequest, False),
-)
+)  # fmt: skip
 async def get_batch(request: Request, lead: Lead) -> Response:
     """getWithoutAck (long poll up to timeout_ms); `auto_ack: true` is Canal's get. A retry
     with the same `request_id` answers the batch its first attempt took. `ack: <batch id>`
-    acknowledges a processed batch before taking the next (one round trip less)."""
+    acknowledges a processed batch before taking the next (one round trip less). 503
+    `overloaded` (at once) when `node.max_long_polls` polls wait already."""
     body = await read_body(request, m.BatchRequest)
-    batch, epoch = await lead.call(taker(lead.client_id, body))
+    batch, epoch = await poll_batch(request.app.state.polls, lead, body)
     return respond(request, batch, epoch=epoch, layout=body.layout)
 
 
-def taker(client: str, body: m.BatchRequest) -> Callable[[EmbeddedServer], Any]:
-    """The get ``body`` asks of ``client``'s leader (the route's and ``lane``'s)."""
-    timeout_s, rid = body.timeout_ms / 1000, body.request_id
-
-    def take(s: EmbeddedServer) -> Any:
-        if body.auto_ack:
-            return s.get(client, body.size, timeout_s, rid, body.ack)
-        return s.get_without_ack(client, body.size, timeout_s, rid, body.ack)
-
-    return take
-
-
-@router.get("/batches/{batch_id}", responses=ok(m.BatchOut))
+@router.get("/batches/{batch_id}", responses=answers(m.BatchOut, *DEST_ERRORS, 409))
 async def refetch(
     request: Request,
     lead: Lead,
@@ -98,35 +96,33 @@ async def refetch(
     layout: m.Layout = LayoutQuery,
 ) -> Response:
     """The same outstanding batch again (404 once acked or rolled back)."""
-    client = lead.client_id
-    batch, epoch = await lead.call(
-        lambda s: s.get_batch(client, batch_id, timeout_ms / 1000), "get"
-    )
+    polls = request.app.state.polls
+    batch, epoch = await poll_refetch(polls, lead, batch_id, timeout_ms / 1000)
     return respond(request, batch, epoch=epoch, layout=layout)
 
 
-@router.post("/batches/{batch_id}/ack", responses=ok(m.AckOut))
+@router.post("/batches/{batch_id}/ack", responses=answers(m.AckOut, *DEST_ERRORS, 409))
 async def ack(request: Request, lead: Lead, batch_id: int = BatchPath) -> Response:
     """Ack every outstanding batch <= batch_id (409 if batch_id is not outstanding)."""
     _, epoch = await lead.call(lambda s: s.ack(lead.client_id, batch_id))
     return respond(request, {"acked": batch_id}, epoch=epoch)
 
 
-@router.post("/batches/{batch_id}/rollback", responses=ok(m.RollbackOut))
+@router.post("/batches/{batch_id}/rollback", responses=answers(m.RollbackOut, *DEST_ERRORS, 409))
 async def rollback_one(request: Request, lead: Lead, batch_id: int = BatchPath) -> Response:
     """Roll back batch_id and every later outstanding batch."""
     _, epoch = await lead.call(lambda s: s.rollback(lead.client_id, batch_id))
     return respond(request, {"rolled_back": batch_id}, epoch=epoch)
 
 
-@router.post("/rollback", responses=ok(m.RollbackOut))
+@router.post("/rollback", responses=answers(m.RollbackOut, *DEST_ERRORS, 409))
 async def rollback_all(request: Request, lead: Lead) -> Response:
     """Roll back every outstanding batch (a no-op for a client not subscribed)."""
     _, epoch = await lead.call(lambda s: s.rollback(lead.client_id))
     return respond(request, {"rolled_back": None}, epoch=epoch)
 
 
-@router.get("/cursor", responses=ok(m.CursorOut))
+@router.get("/cursor", responses=answers(m.CursorOut, *DEST_ERRORS, 409))
 async def cursor(request: Request, lead: Lead) -> Response:
     """The client's position: its last ack, or where its subscription started."""
     pos, epoch = await lead.call(lambda s: s.cursor(lead.client_id))
@@ -136,7 +132,9 @@ async def cursor(request: Request, lead: Lead) -> Response:
 
 @router.post(
     "/cursor",
-    responses=ok(m.CursorOut, "the cursor after the move"),
+    responses=answers(
+        m.CursorOut, *DEST_ERRORS, 409, description="the cursor after the move", body=True
+    ),
     openapi_extra=body_doc(m.CursorRequest, True),
 )
 async def move_cursor(request: Request, lead: Lead) -> Response:

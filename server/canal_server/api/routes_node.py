@@ -10,7 +10,7 @@ from canal_protocol.errors import CoordinationError
 from canal_server.api import models as m
 from canal_server.api.deps import check_token, in_thread, node_of
 from canal_server.api.errors import api_error_of
-from canal_server.api.openapi import ok
+from canal_server.api.openapi import answers
 from canal_server.api.responses import respond
 from canal_server.metrics import CONTENT_TYPE
 
@@ -19,7 +19,7 @@ __all__ = ["router"]
 router = APIRouter(tags=["node"])
 
 
-@router.get("/v1/health", responses=ok(m.HealthOut))
+@router.get("/v1/health", responses=answers(m.HealthOut))
 async def health(request: Request) -> Response:
     """Node id, its row decoder and whether etcd answers; per destination: role,
     epoch, leader, the reader's state or error, where the reader is, (on the leader)
@@ -28,7 +28,9 @@ async def health(request: Request) -> Response:
     return respond(request, await anyio.to_thread.run_sync(node_of(request).health))
 
 
-@router.get("/v1/cluster", responses=ok(m.ClusterOut), dependencies=[Depends(check_token)])
+@router.get(
+    "/v1/cluster", responses=answers(m.ClusterOut, 401, 503), dependencies=[Depends(check_token)]
+)
 async def cluster(request: Request) -> Response:
     """Nodes and destination leaders as etcd has them."""
     try:
