@@ -18,9 +18,11 @@ import httpx
 import msgpack
 import pytest
 
+from canal_cluster.retry import wait_until
 from canal_protocol import Batch
 from canal_protocol.entry import Entry, EntryType, Header
 from canal_protocol.errors import NotSubscribed
+from canal_protocol.positions import LogIdentity
 from canal_server.api.access import Access
 from canal_server.api.lane import BatchLane
 from canal_server.api.openapi import MAX_BODY
@@ -30,6 +32,7 @@ from canal_server.instance import Role
 from canal_server.store import EventStore
 
 PATH = "/v1/destinations/d1/clients/c1/batches"
+IDENTITY = LogIdentity("127.0.0.1:3306", 1)
 ADMIN, LIMITED = "admin-token", "consumer-token"
 
 
@@ -125,14 +128,11 @@ def test_a_usual_get_is_served_by_the_lane() -> None:
     assert h.reached == []
     assert r.status_code == 200
     assert r.headers["x-canal-epoch"] == "3"
-    assert msgpack.unpackb(r.content) == {"id": 7, "entries": []}
-    # nothing there: tries without waiting, on the event loop, before and after the wait
-    # for the store (the first try's ack is done: the second's is a no-op); no thread
-    assert server.gets == [
-        ("get_without_ack", "c1", 5, 0.0, "r-1", 4),
-        ("get_without_ack", "c1", 5, 0.0, "r-1", 4),
-    ]
-    assert server.threads == [threading.main_thread()] * 2  # anyio.run's loop: this thread
+    assert msgpack.unpackb(r.content) == {"id": -1, "entries": []}
+    # nothing there: a try without waiting, on the event loop (no thread), then a wait on
+    # the loop for the store; nothing stored meanwhile: the empty batch, without a try
+    assert server.gets == [("get_without_ack", "c1", 5, 0.0, "r-1", 4)]
+    assert server.threads == [threading.main_thread()]  # anyio.run's loop: this thread
     r = h.call("POST", json={"auto_ack": True})  # JSON, Canal's get
     assert r.json() == {"id": 8, "entries": []}
     assert server.gets[-1] == ("get", "c1", 1000, 0.0, None, None)
@@ -143,9 +143,30 @@ def test_a_client_with_a_filter_is_served_in_worker_threads() -> None:
     server = _Server(filter="db\\..*")
     h = _Harness(server)
     r = h.call("POST", json={"size": 5, "timeout_ms": 100})
-    assert r.status_code == 200 and r.json() == {"id": 7, "entries": []}
-    assert len(server.threads) == 2
+    assert r.status_code == 200 and r.json() == {"id": -1, "entries": []}
+    assert len(server.threads) == 1
     assert threading.main_thread() not in server.threads
+
+
+def test_a_long_poll_tries_again_when_the_store_gets_an_event() -> None:
+    """The wait ends at the store's next event: the poll tries again at once."""
+    server = _Server()
+    h = _Harness(server)
+    entry = Entry(EntryType.TRANSACTIONBEGIN, Header("bin.000001", 4, 50, 1, 0, "0-1-1"))
+
+    def arrive() -> None:
+        wait_until(lambda: bool(server.gets), "the poll's first try", 60)
+        server.ready = Batch(9, [entry])
+        server.store.put([entry], IDENTITY)
+
+    timer = threading.Timer(0.2, arrive)
+    timer.start()
+    try:
+        r = h.call("POST", json={"size": 5, "timeout_ms": 120_000})
+    finally:
+        timer.cancel()
+    assert r.status_code == 200 and r.json()["id"] == 9
+    assert len(server.gets) == 2  # the first try, and the one after the event
 
 
 def test_a_batch_that_is_there_is_taken_on_the_event_loop() -> None:

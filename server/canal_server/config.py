@@ -10,7 +10,7 @@ Layout (keys follow Canal's instance.properties where one exists)::
     loop = "auto"                         # event loop: auto (uvloop if installed), asyncio, uvloop
     header_timeout_s = 10.0               # a request's head must arrive within this long
     body_timeout_s = 30.0                 # its body within this long after the head (else 408)
-    max_long_polls = 2000                 # long polls waiting at once; more: 503 at once
+    max_long_polls = 1000                 # long polls waiting at once; more: 503 at once
 
     [etcd]
     endpoints = ["http://127.0.0.1:2379"]  # https:// = TLS
@@ -176,7 +176,7 @@ class NodeSection(_Section):
     # body not read whole this long after the head is a 408
     header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     body_timeout_s: float = Field(default=30.0, gt=0, le=3600)
-    max_long_polls: int = Field(default=2000, ge=1, le=100_000)
+    max_long_polls: int = Field(default=1000, ge=1, le=100_000)
 
     _id = field_validator("id")(_check_id)
     _listen = field_validator("listen")(_host_port)

@@ -177,10 +177,14 @@ async def _poll(
     last: Callable[[EmbeddedServer], T],
     here: Callable[[EmbeddedServer], bool],
     op: str = "",
+    quiet: Callable[[], T] | None = None,
 ) -> tuple[T, int]:
     """``attempt`` on the leader until it gives something (not None); between tries a
     wait on the event loop for the store's next event, until ``timeout_s`` passed; then
-    ``last`` once (its answer, or its error). The first wait is admitted by ``polls``."""
+    ``last`` once (its answer, or its error), or ``quiet()`` without a try when the store
+    got nothing since the previous one (a get's empty batch: thousands of polls ending
+    together cost the loop no more than their answers). The first wait is admitted by
+    ``polls``."""
     deadline = anyio.current_time() + timeout_s
     admitted = False
     try:
@@ -198,6 +202,10 @@ async def _poll(
                 polls.admit()
                 admitted = True
             await polls.wait(server.store, seen, remaining)
+            if quiet is not None and anyio.current_time() >= deadline:
+                now = lead.leader()  # 307 / 503 when the leadership ended meanwhile
+                if now[0] is server and server.store.last_seq == seen:
+                    return quiet(), now[1]
     finally:
         if admitted:
             polls.release()
@@ -214,7 +222,8 @@ async def poll_batch(polls: Polls, lead: LeaderLookup, body: m.BatchRequest) -> 
     def here(s: EmbeddedServer) -> bool:
         return not _filtered(s, lead.client_id)
 
-    return await _poll(polls, lead, body.timeout_ms / 1000, attempt, take, here)
+    timeout_s = body.timeout_ms / 1000
+    return await _poll(polls, lead, timeout_s, attempt, take, here, quiet=Batch.empty)
 
 
 async def poll_refetch(
