@@ -87,7 +87,7 @@ def _throughput_table(result: dict[str, Any]) -> list[str]:
     head = f"{'part':<44} {'status':<11} {'rows/s':>11} {'/py-repl':>9} {'/C':>7}  notes"
     lines = [head, "-" * len(head)]
     for name, rec in parts.items():
-        if name in ("latency", "failover", "node_rss", *_SCALE):
+        if name in ("latency", "failover", "node_rss", *_SCALE, *_API):
             continue
         rate = _rate(rec)
         r = rat.get(name, {})
@@ -246,6 +246,42 @@ def _spark_lines(rec: dict[str, Any]) -> list[str]:
     ]
 
 
+_API = ("api_filter_health", "api_long_polls")
+
+
+def _ms(stats: dict[str, Any]) -> str:
+    if not stats.get("samples"):
+        return "no samples"
+    return (
+        f"p50 {stats['p50_ms']:.1f} / p99 {stats['p99_ms']:.1f} / max {stats['max_ms']:.1f} ms"
+        f" ({stats['samples']})"
+    )
+
+
+def _api_filter_lines(rec: dict[str, Any]) -> list[str]:
+    plain, bad = rec["anchor_plain_filter"], rec["pathological_filters"]
+    return [
+        f"  rows {rec['tps']:.0f}/s; /v1/health with a plain filter: {_ms(plain['health'])}",
+        f"  with (.*){{50}}! and 40 of it polling ({bad['gets']} gets): {_ms(bad['health'])}",
+    ]
+
+
+def _api_poll_lines(rec: dict[str, Any]) -> list[str]:
+    lines = []
+    for key in ("within_limit", "over_limit"):
+        run = rec[key]
+        crowd, alone = run["concurrent"], run["anchor_one_poll"]
+        lines.append(
+            f"  {crowd['polls']} polls of {crowd['timeout_ms']} ms, limit "
+            f"{run['max_long_polls']}: 200 x{crowd['answered_200']}, 503 x"
+            f"{crowd['answered_503']}, lost {crowd['lost']}; over the timeout "
+            f"{_ms(crowd['margin_over_timeout'])} (one alone: "
+            f"{_ms(alone['margin_over_timeout'])}); refusals {_ms(crowd['refused_answer'])};"
+            f" health {_ms(crowd['health'])}"
+        )
+    return lines
+
+
 def render_table(result: dict[str, Any]) -> str:
     """The human-readable summary printed at the end of a run."""
     lines = [*_machine_lines(result), "", *_throughput_table(result)]
@@ -254,6 +290,7 @@ def render_table(result: dict[str, Any]) -> str:
         "failover": _failover_lines, "node_rss": _rss_lines,
         "settle": _settle_lines, "handover": _handover_lines, "scale_clients": _curve_lines,
         "scale_destinations": _curve_lines, "idle_cost": _idle_lines,
+        "api_filter_health": _api_filter_lines, "api_long_polls": _api_poll_lines,
     }  # fmt: skip
     for name, fn in render.items():
         rec = result.get("parts", {}).get(name)

@@ -57,7 +57,14 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import bench_node, bench_readers, bench_scale, bench_snapshot, bench_spark
+from benchmarks import (
+    bench_api,
+    bench_node,
+    bench_readers,
+    bench_scale,
+    bench_snapshot,
+    bench_spark,
+)
 from benchmarks.bench_common import REPO, Context, Part, machine_info, run_part, write_result
 from benchmarks.bench_data import generate
 from benchmarks.bench_report import ratios, render_table
@@ -89,6 +96,12 @@ PARTS: tuple[Part, ...] = (
         bench_scale.scale_destinations,
     ),
     Part("idle_cost", "cost curve: idle destinations on one node", bench_scale.idle_cost),
+    Part(
+        "api_filter_health",
+        "REST: /v1/health under a pathological filter",
+        bench_api.api_filter_health,
+    ),
+    Part("api_long_polls", "REST: concurrent long polls", bench_api.api_long_polls),
 )
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "latest.json"
 
@@ -121,6 +134,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--scale-destinations", default="1,4,16", help="destination counts (scale_*, idle_cost)"
     )
     p.add_argument("--idle-seconds", type=float, default=10.0, help="idle_cost sample (s)")
+    p.add_argument("--api-seconds", type=float, default=10.0, help="api_filter_health phase (s)")
+    p.add_argument("--api-tps", type=float, default=200.0, help="api_filter_health rows/s")
+    p.add_argument("--api-polls", type=int, default=1000, help="api_long_polls: polls at once")
+    p.add_argument("--api-poll-timeout-ms", type=int, default=5000, help="their timeout_ms")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     only = [n for n in args.only.split(",") if n]
@@ -174,6 +191,10 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "scale_clients": args.scale_clients,
         "scale_destinations": args.scale_destinations,
         "idle_seconds": args.idle_seconds,
+        "api_seconds": args.api_seconds,
+        "api_tps": args.api_tps,
+        "api_polls": args.api_polls,
+        "api_poll_timeout_ms": args.api_poll_timeout_ms,
     }
 
 
