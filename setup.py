@@ -1,4 +1,5 @@
-"""Builds the optional C row decoder; the project metadata is in pyproject.toml."""
+"""Builds the optional C extensions (a pure-Python path exists for each); the project
+metadata is in pyproject.toml."""
 
 from setuptools import Extension, setup
 
@@ -9,6 +10,12 @@ setup(
             ["server/canal_server/parse/_rowcodec.c"],
             optional=True,
             extra_compile_args=["-O2"],
-        )
+        ),
+        Extension(
+            "canal_server.canal._canalcodec",
+            ["server/canal_server/canal/_canalcodec.c"],
+            optional=True,
+            extra_compile_args=["-O2"],
+        ),
     ]
 )

@@ -13,7 +13,8 @@ command -v etcdctl >/dev/null 2>&1 || need_pkgs+=(etcd-client)
 command -v java >/dev/null 2>&1 || need_pkgs+=(default-jre-headless)
 # Validates docker/compose.yml without an engine (`docker-compose -f FILE config`).
 command -v docker-compose >/dev/null 2>&1 || need_pkgs+=(docker-compose)
-# The C row decoder (canal_server.parse._rowcodec) is compiled at install: a compiler and headers.
+# The C extensions (canal_server.parse._rowcodec, canal_server.canal._canalcodec) are
+# compiled at install: a compiler and headers.
 command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc)
 py="${PYTHON:-python3}"
 include="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
@@ -41,15 +42,21 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.canal-ha-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
-  || [ server/canal_server/parse/_rowcodec.c -nt "$stamp" ]; then
+  || [ server/canal_server/parse/_rowcodec.c -nt "$stamp" ] \
+  || [ server/canal_server/canal/_canalcodec.c -nt "$stamp" ]; then
   echo "setup: installing canal-ha into .venv (editable, every extra)"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e ".[server,spark,connect,dev]"
   touch "$stamp"
 fi
-# The extension is optional for pip (a pure-Python decoder exists); here it must be there.
+# The extensions are optional for pip (a pure-Python path exists for each); here they
+# must be there.
 .venv/bin/python -c 'import canal_server.parse._rowcodec' 2>/dev/null || {
   echo "setup: the C row decoder did not build (needs gcc and Python headers)" >&2
+  exit 1
+}
+.venv/bin/python -c 'import canal_server.canal._canalcodec' 2>/dev/null || {
+  echo "setup: the C encoder of Canal's entries did not build (needs gcc and Python headers)" >&2
   exit 1
 }
 echo "setup: ready (.venv/bin/canal-ha)"

@@ -2,7 +2,7 @@
 
 The generated classes build a Python object per column of every row (``Column`` has 10
 fields); these functions write the same messages' bytes directly, with what a table's
-columns share encoded once (``_Plan``). A message's fields may come in any order
+columns share encoded once (``Plan``). A message's fields may come in any order
 (protobuf's rule: parsers accept any order), so a column puts its value last: all before
 it is the same for every value of one length, and a column is one precomputed prefix
 (per value length) and the value's bytes. What it writes parses to the message
@@ -19,11 +19,17 @@ from canal_server.canal import values
 from canal_server.canal.types import CanalForm, CanalType, canal_type
 
 __all__ = [
+    "BEFORE",
+    "SAME",
+    "UPDATED",
     "HeaderFields",
+    "Plan",
     "begin_bytes",
+    "column_fields",
     "end_bytes",
     "entry_bytes",
     "header_bytes",
+    "plan",
     "row_datas",
     "varint",
 ]
@@ -148,24 +154,31 @@ def _sql_type(code: int) -> bytes:
     return b"\x10" + varint(code) if code else b""
 
 
+def column_fields(side: int, head: bytes, sql: int, is_null: bool) -> bytes:
+    """A column's fields before its value: ``head`` (index, name, isKey, mysqlType),
+    sqlType and the flags (the C encoder gets them too)."""
+    return head + _sql_type(sql) + _UPDATED[side] + _NULL[is_null]
+
+
 def _column(side: int, head: bytes, sql: int, is_null: bool, data: bytes | None) -> bytes:
     """One encoded column: ``head`` (index, name, isKey, mysqlType), then sqlType, the
     flags and the value (``data``; None or empty: no value field)."""
-    body = head + _sql_type(sql) + _UPDATED[side] + _NULL[is_null]
+    body = column_fields(side, head, sql, is_null)
     if data:
         body += _field(0x42, data)
     return _field(_TAGS[side], body)
 
 
-class _Plan:
+class Plan:
     """One table's columns for the three sides: a NULL column's whole bytes, a value's
     prefix per value length (tag, length, every field but the value's bytes)."""
 
-    __slots__ = ("columns", "encoders", "heads", "kinds", "nulls", "prefixes")
+    __slots__ = ("columns", "encoders", "heads", "kinds", "native", "nulls", "prefixes")
 
     def __init__(self, columns: TableColumns, form: CanalForm) -> None:
         self.columns = columns
         self.encoders: list[Callable[..., bytes] | None] = [None, None, None, None]
+        self.native: Any = None  # the C encoder's plan (_native.native_plan), made once
         self.kinds: tuple[CanalType, ...] = tuple(canal_type(t, form) for t in columns.mysql_types)
         self.heads = tuple(
             _int_field(0x08, i) + _text_field(0x1A, name) + (b"\x20\x01" if key else b"")
@@ -269,18 +282,18 @@ def _unpack(prefix: str, n: int) -> str:
     return "".join(f"{prefix}{i}, " for i in range(n)).rstrip()
 
 
-_plans: dict[tuple[int, Any], _Plan] = {}
+_plans: dict[tuple[int, Any], Plan] = {}
 _PLANS_MAX = 1024
 
 
-def plan(columns: TableColumns, form: CanalForm) -> _Plan:
+def plan(columns: TableColumns, form: CanalForm) -> Plan:
     """The plan of a table's columns (made once per ``TableColumns`` object and form)."""
     key = (id(columns), form)
     known = _plans.get(key)
     if known is None or known.columns is not columns:
         if len(_plans) >= _PLANS_MAX:
             _plans.clear()
-        known = _plans[key] = _Plan(columns, form)
+        known = _plans[key] = Plan(columns, form)
     return known
 
 

@@ -33,13 +33,16 @@ benchmarks/bench_canal_encode.py, docs/canal-protocol.md "Speed").
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
+
+import msgpack
 
 from canal_protocol.canal import entry_pb2 as pb
 from canal_protocol.entry import Entry, EntryType, EventType, Header, TableColumns
 from canal_protocol.gtid import GtidSet, MariadbGtidState, is_mysql_gtid_set
-from canal_server.canal import _wire
+from canal_server.canal import _native, _wire
 from canal_server.canal.types import LOCAL, CanalForm, CanalType, canal_type
 from canal_server.packed import PackedRows
 
@@ -50,6 +53,7 @@ __all__ = [
     "canal_gtid",
     "column_value",
     "encode_entries",
+    "encode_entries_python",
     "to_canal_entry",
 ]
 
@@ -271,37 +275,78 @@ def to_canal_entry(entry: Entry, form: CanalForm = LOCAL) -> pb.Entry | None:
     return out
 
 
-# -- the fast path: written by hand ---------------------------------------------------------------
+# -- the fast paths: written by hand, in C and in Python ---------------------------------------
 
 
 def encode_entries(entries: Sequence[Entry], form: CanalForm = LOCAL) -> list[bytes]:
     """One serialized Canal Entry (entry_pb2.Entry) per canal-ha entry that a Canal client
     gets (entries with no Canal form are dropped, documented), in order. ``form``: as
-    ``to_canal_entry``'s (``CanalForm.of_server(VERSION())`` for a source database)."""
+    ``to_canal_entry``'s (``CanalForm.of_server(VERSION())`` for a source database).
+
+    Written by the C encoder (``_native``) where it is built, else by
+    ``encode_entries_python``: the same bytes."""
+    if not _native.use_native():
+        return encode_entries_python(entries, form)
+    encoder = _encoders.get(form) or _encoder(form)
+    return encoder.encode(entries)
+
+
+def encode_entries_python(entries: Sequence[Entry], form: CanalForm = LOCAL) -> list[bytes]:
+    """``encode_entries`` in Python (``_wire``): the C encoder's reference, and what
+    it hands an entry it does not write itself (a statement, a value it has no text
+    for)."""
     out = []
     for entry in entries:
-        if not _has_canal_form(entry):
-            continue
-        kind = entry.type
-        header = _wire.header_bytes(_header_fields(entry))
-        if kind is EntryType.TRANSACTIONBEGIN:
-            store = _wire.begin_bytes(entry.thread_id)
-        elif kind is EntryType.TRANSACTIONEND:
-            store = _wire.end_bytes(entry.xid)
-        else:
-            if _is_statement(entry):
-                store = _row_change_head(entry).SerializeToString()
-            else:
-                store = _ROWS_HEADS[entry.header.event_type]
-            befores, afters = _images(entry)
-            if befores or afters:
-                assert entry.images is not None
-                try:
-                    store += _wire.row_datas(entry.images.columns, form, befores, afters)
-                except (TypeError, ValueError, AttributeError, UnicodeError) as exc:
-                    raise _unwritable(entry, form, befores + afters) from exc
-        out.append(_wire.entry_bytes(header, _ENTRY_TYPES[kind], store))
+        data = _encode_entry(entry, form)
+        if data is not None:
+            out.append(data)
     return out
+
+
+def _encode_entry(entry: Entry, form: CanalForm) -> bytes | None:
+    """One entry's bytes (None: no Canal form)."""
+    if not _has_canal_form(entry):
+        return None
+    kind = entry.type
+    header = _wire.header_bytes(_header_fields(entry))
+    if kind is EntryType.TRANSACTIONBEGIN:
+        store = _wire.begin_bytes(entry.thread_id)
+    elif kind is EntryType.TRANSACTIONEND:
+        store = _wire.end_bytes(entry.xid)
+    else:
+        if _is_statement(entry):
+            store = _row_change_head(entry).SerializeToString()
+        else:
+            store = _ROWS_HEADS[entry.header.event_type]
+        befores, afters = _images(entry)
+        if befores or afters:
+            assert entry.images is not None
+            try:
+                store += _wire.row_datas(entry.images.columns, form, befores, afters)
+            except (TypeError, ValueError, AttributeError, UnicodeError) as exc:
+                raise _unwritable(entry, form, befores + afters) from exc
+    return _wire.entry_bytes(header, _ENTRY_TYPES[kind], store)
+
+
+_encoders: dict[CanalForm, _native.Encoder] = {}  # the C encoder by form, once it is used
+
+
+def _encoder(form: CanalForm) -> _native.Encoder:
+    """The C encoder of ``form``: the tables' plans, the reference per entry."""
+    encoder = _native.Encoder(
+        begin=EntryType.TRANSACTIONBEGIN, rowdata=EntryType.ROWDATA,
+        end=EntryType.TRANSACTIONEND, heartbeat=EventType.HEARTBEAT,
+        entry_codes={k: int(v) for k, v in _ENTRY_TYPES.items()},
+        event_codes={k: int(v) for k, v in _EVENT_TYPES.items()},
+        rows_heads=dict(_ROWS_HEADS), canal_gtid=canal_gtid,
+        plan_of=_native.plan_of(form), packed_type=PackedRows,
+        fallback=functools.partial(_encode_entry, form=form),
+        unpackb=functools.partial(msgpack.unpackb, raw=False, use_list=False),
+    )  # fmt: skip
+    if len(_encoders) >= 64:
+        _encoders.clear()
+    _encoders[form] = encoder
+    return encoder
 
 
 def _unwritable(entry: Entry, form: CanalForm, images: Sequence[Sequence[Any]]) -> ValueError:

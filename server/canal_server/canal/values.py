@@ -29,6 +29,8 @@ from decimal import Decimal
 from typing import Any
 
 __all__ = [
+    "EnumIndex",
+    "SetBits",
     "binary_text",
     "bit_text",
     "datetime_text",
@@ -314,13 +316,40 @@ def members(mysql_type: str) -> tuple[str, ...]:
     return tuple(m.replace("''", "'") for m in _MEMBER.findall(inner))
 
 
+class EnumIndex:
+    """ENUM's text: Canal gives the member's 1-based index, 0 for the empty error value.
+    ``names``: the members (the C encoder reads them)."""
+
+    __slots__ = ("_index", "names")
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = tuple(names)
+        self._index = {name: str(i) for i, name in enumerate(self.names, start=1)}
+
+    def __call__(self, v: Any) -> str:
+        return self._index.get(str(v), "0")
+
+
+class SetBits:
+    """SET's text: Canal gives the bitmask of the members (bit i for the i-th member).
+    ``names``: the members (the C encoder reads them)."""
+
+    __slots__ = ("_bit", "names")
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = tuple(names)
+        self._bit = {name: 1 << i for i, name in enumerate(self.names)}
+
+    def __call__(self, v: Any) -> str:
+        bit = self._bit
+        return str(sum(bit.get(m, 0) for m in str(v).split(",") if m))
+
+
 def enum_index_text(names: Sequence[str]) -> Callable[[Any], str]:
     """ENUM: Canal gives the member's 1-based index, 0 for the empty error value."""
-    index = {name: str(i) for i, name in enumerate(names, start=1)}
-    return lambda v: index.get(str(v), "0")
+    return EnumIndex(names)
 
 
 def set_bits_text(names: Sequence[str]) -> Callable[[Any], str]:
     """SET: Canal gives the bitmask of the members (bit i for the i-th member)."""
-    bit = {name: 1 << i for i, name in enumerate(names)}
-    return lambda v: str(sum(bit.get(m, 0) for m in str(v).split(",") if m))
+    return SetBits(names)
