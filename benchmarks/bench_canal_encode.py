@@ -13,8 +13,10 @@ entry: BEGIN, 16 ROWDATA, END; eight inserts, one update, one delete of every te
   anchor);
 - ``canal_generated``: ``to_canal_entry(e).SerializeToString()`` per entry (the
   generated upb classes for every message);
-- ``canal_encode``: ``encode_entries`` (upb for headers, the rows written by hand: what
-  the Canal listener sends).
+- ``canal_python``: ``encode_entries_python`` (the bytes written by hand in Python, a
+  function generated per table: the C encoder's reference);
+- ``canal_encode``: ``encode_entries`` (the C encoder, ``_canalcodec``: what the Canal
+  listener sends; the same bytes as ``canal_python``).
 
 Rows are row changes (an UPDATE's before + after image count once). The ways take
 turns run by run. Prints rows/s per way (median of ``--repeat`` runs) and writes
@@ -41,7 +43,12 @@ import msgpack
 from benchmarks.bench_common import REPO, machine_info, write_result
 from canal_protocol.batch import Batch
 from canal_protocol.entry import Entry, EntryType, EventType, Header, TableColumns
-from canal_server.canal.convert import CanalForm, encode_entries, to_canal_entry
+from canal_server.canal.convert import (
+    CanalForm,
+    encode_entries,
+    encode_entries_python,
+    to_canal_entry,
+)
 from canal_server.packed import PackedRows, pack_columns
 
 __all__ = ["WAYS", "batches", "main", "measure"]
@@ -137,6 +144,7 @@ WAYS: dict[str, Callable[[list[Entry]], int]] = {
     "canal_generated": lambda es: sum(
         len(m.SerializeToString()) for e in es if (m := to_canal_entry(e, UTC)) is not None
     ),
+    "canal_python": lambda es: sum(map(len, encode_entries_python(es, UTC))),
     "canal_encode": lambda es: sum(map(len, encode_entries(es, UTC))),
 }
 

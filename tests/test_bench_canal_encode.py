@@ -26,9 +26,12 @@ def test_canal_encode_benchmark_writes_the_documented_json(tmp_path: Path) -> No
     assert small["entries"] == 3 * 2500
     for shape in (large, small):
         ways = shape["ways"]
-        assert list(ways) == ["msgpack_compact", "canal_generated", "canal_encode"]
+        assert list(ways) == [
+            "msgpack_compact", "canal_generated", "canal_python", "canal_encode"
+        ]  # fmt: skip
         assert all(w["rows_per_s"] > 0 and len(w["runs"]) == 1 for w in ways.values())
         assert ways["msgpack_compact"]["vs_msgpack_compact"] == 1.0
         # the hand-written bytes hold the same fields as the generated classes' (in
-        # another order): the same size
+        # another order): the same size; the C and the Python encoder write the same
         assert ways["canal_encode"]["bytes"] == ways["canal_generated"]["bytes"] > 0
+        assert ways["canal_python"]["bytes"] == ways["canal_encode"]["bytes"]

@@ -23,6 +23,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <math.h>
 #include <time.h>
 
 /* Column kinds: the same numbers are in _native.py. */
@@ -39,7 +40,9 @@ enum {
     K_ENUM,         /* values.EnumIndex */
     K_SET,          /* values.SetBits */
     K_JSON,         /* values.json_text */
-    K_CALL,         /* the text function for every value (FLOAT, DOUBLE, ...) */
+    K_CALL,         /* the text function for every value */
+    K_FLOAT,        /* values.java_float */
+    K_DOUBLE,       /* values.java_double */
     K_END
 };
 enum { ZONE_LOCAL = 0, ZONE_FIXED = 1, ZONE_CALL = 2 };
@@ -85,6 +88,14 @@ static inline void put(Buf *b, const void *p, Py_ssize_t n) {
 
 static inline void put1(Buf *b, unsigned char c) { b->data[b->len++] = (char)c; }
 
+/* a plan's constant bytes (readable CONST_PAD bytes past their end): a short one in a
+ * copy of a fixed size, inlined (room for CONST_PAD more reserved by the caller) */
+static inline void put_const(Buf *b, const char *p, Py_ssize_t n) {
+    if (n <= 32) memcpy(b->data + b->len, p, 32);
+    else memcpy(b->data + b->len, p, (size_t)n);
+    b->len += n;
+}
+
 static inline int varint_len(uint64_t v) {
     int n = 1;
     while (v >= 0x80) {
@@ -125,16 +136,29 @@ static int int_field(Buf *b, unsigned char tag, uint64_t v) {
     return OK;
 }
 
+static const char PAIRS[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
 /* decimal text of an integer into buf (at least 21 bytes); its length */
 static int fmt_u64(char *buf, uint64_t v) {
     char tmp[20];
-    int n = 0;
-    do {
-        tmp[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    for (int k = 0; k < n; k++) buf[k] = tmp[n - 1 - k];
-    return n;
+    int k = 20;
+    while (v >= 100) {
+        unsigned int r = (unsigned int)(v % 100);
+        v /= 100;
+        k -= 2;
+        memcpy(tmp + k, PAIRS + 2 * r, 2);
+    }
+    if (v >= 10) {
+        k -= 2;
+        memcpy(tmp + k, PAIRS + 2 * v, 2);
+    } else {
+        tmp[--k] = (char)('0' + v);
+    }
+    memcpy(buf, tmp + k, (size_t)(20 - k));
+    return 20 - k;
 }
 
 static int fmt_i64(char *buf, int64_t v) {
@@ -439,16 +463,21 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
-    PyObject *spec; /* keeps every object the columns point into */
+    PyObject *spec; /* keeps the text functions alive */
     Py_ssize_t ncols;
     Col *cols;
+    char *arena; /* every constant byte, then CONST_PAD bytes (copies read past the end) */
 } Plan;
+
+/* the longest constant part written by a copy of a fixed size (see put_const) */
+#define CONST_PAD 32
 
 static void plan_dealloc(Plan *self) {
     if (self->cols != NULL) {
         for (Py_ssize_t i = 0; i < self->ncols; i++) PyMem_Free(self->cols[i].members);
         PyMem_Free(self->cols);
     }
+    PyMem_Free(self->arena);
     Py_XDECREF(self->spec);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -513,6 +542,27 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
             }
             c->members[k].p = PyUnicode_AsUTF8AndSize(m, &c->members[k].n);
             if (c->members[k].p == NULL) goto fail;
+        }
+    }
+    /* the constant bytes in one block of this plan's own, padded */
+    Py_ssize_t size = CONST_PAD;
+    for (Py_ssize_t i = 0; i < self->ncols; i++)
+        for (int k = 0; k < 3; k++)
+            size += self->cols[i].pre[k].n + self->cols[i].wide[k].n + self->cols[i].null[k].n;
+    self->arena = PyMem_Calloc((size_t)size, 1);
+    if (self->arena == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    char *at = self->arena;
+    for (Py_ssize_t i = 0; i < self->ncols; i++) {
+        Col *c = &self->cols[i];
+        Bytes *parts[9] = {&c->pre[0], &c->pre[1], &c->pre[2], &c->wide[0], &c->wide[1],
+                           &c->wide[2], &c->null[0], &c->null[1], &c->null[2]};
+        for (int k = 0; k < 9; k++) {
+            memcpy(at, parts[k]->p, (size_t)parts[k]->n);
+            parts[k]->p = at;
+            at += parts[k]->n;
         }
     }
     return (PyObject *)self;
@@ -736,6 +786,151 @@ static int timestamp_text(const Col *c, const Val *v, Text *t, Buf *s, PyObject 
     return OK;
 }
 
+/* -- Java's Float.toString / Double.toString (values.java_float / java_double) -------- */
+
+/* significant digits (no trailing zeros, "0" for none) and the decimal exponent of the
+ * first one, of a number Python formatted ("123.45", "1.5e-05", "1e+16", "0.001") */
+static int split_digits(const char *t, char digits[32], int *exp) {
+    int n = 0, before_point = 0, seen_point = 0, lead = 0, any = 0;
+    const char *p = t;
+    for (; *p && *p != 'e' && *p != 'E'; p++) {
+        if (*p == '.') {
+            seen_point = 1;
+            continue;
+        }
+        if (*p < '0' || *p > '9') return -1;
+        if (!seen_point) before_point++;
+        if (!any && *p == '0') {
+            lead++;
+            continue;
+        }
+        any = 1;
+        if (n >= 31) return -1;
+        digits[n++] = *p;
+    }
+    int e = 0;
+    if (*p) e = atoi(p + 1);
+    while (n > 0 && digits[n - 1] == '0') n--;
+    if (n == 0) digits[n++] = '0';
+    digits[n] = 0;
+    *exp = before_point - 1 - lead + e;
+    return n;
+}
+
+/* Python's format(x, f".{precision}e") / repr(x) ('r'), split */
+static int formatted_digits(double x, char code, int precision, char digits[32], int *exp) {
+    char *t = PyOS_double_to_string(x, code, precision, 0, NULL);
+    if (t == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    int n = split_digits(t, digits, exp);
+    PyMem_Free(t);
+    return n;
+}
+
+/* values._java_text: d.ddd x 10^exp as Java lays it out, into out (64 bytes) */
+static int java_layout(int negative, const char *digits, int n, int exp, char *out) {
+    int k = 0;
+    if (negative) out[k++] = '-';
+    if (exp >= -3 && exp < 7) {
+        if (exp >= 0) {
+            for (int i = 0; i <= exp; i++) out[k++] = i < n ? digits[i] : '0';
+            out[k++] = '.';
+            if (n > exp + 1) {
+                for (int i = exp + 1; i < n; i++) out[k++] = digits[i];
+            } else {
+                out[k++] = '0';
+            }
+        } else {
+            out[k++] = '0';
+            out[k++] = '.';
+            for (int i = 0; i < -exp - 1; i++) out[k++] = '0';
+            for (int i = 0; i < n; i++) out[k++] = digits[i];
+        }
+    } else {
+        out[k++] = digits[0];
+        out[k++] = '.';
+        if (n > 1) {
+            for (int i = 1; i < n; i++) out[k++] = digits[i];
+        } else {
+            out[k++] = '0';
+        }
+        out[k++] = 'E';
+        k += snprintf(out + k, 16, "%d", exp);
+    }
+    return k;
+}
+
+/* the special texts (NaN, infinities, zeros): their length, 0 for a finite nonzero */
+static int java_special(double x, int zero, int negative, char *out) {
+    const char *t = NULL;
+    if (isnan(x)) t = "NaN";
+    else if (isinf(x)) t = x > 0 ? "Infinity" : "-Infinity";
+    else if (zero) t = negative ? "-0.0" : "0.0";
+    if (t == NULL) return 0;
+    size_t n = strlen(t);
+    memcpy(out, t, n);
+    return (int)n;
+}
+
+/* Java's rule for a one-digit shortest decimal (values._two_digits): where the
+ * two-digit one differs, the reference decides (-1) */
+static int one_digit_holds(double x, const char *digits, int n) {
+    if (n != 1) return 1;
+    char two[32];
+    int exp2, n2 = formatted_digits(x, 'e', 1, two, &exp2);
+    return n2 == 1 && two[0] == digits[0];
+}
+
+/* Double.toString(x) into out (64 bytes): its length, -1 for the reference's */
+static int java_double(double x, char *out) {
+    int negative = !isnan(x) && signbit(x);
+    int n = java_special(x, x == 0, negative, out);
+    if (n) return n;
+    double a = fabs(x);
+    if (a >= 9007199254740992.0 && a < 9223372036854775808.0 && a == floor(a))
+        return -1; /* Java 8-18's digits of a large whole number */
+    char digits[32];
+    int exp;
+    n = formatted_digits(a, 'r', 0, digits, &exp);
+    if (n < 0 || !one_digit_holds(a, digits, n)) return -1;
+    return java_layout(negative, digits, n, exp, out);
+}
+
+/* Float.toString of the float32 nearest x into out (64 bytes): its length, -1 for the
+ * reference's */
+static int java_float(double x, char *out) {
+    int negative = !isnan(x) && signbit(x);
+    if (isnan(x) || isinf(x)) return java_special(x, 0, negative, out);
+    double a = fabs(x);
+    if (a > 3.4028235677973366e38) return -1; /* no float32: the reference's error */
+    float f = (float)a;
+    if (isinf(f)) return -1;
+    if (f == 0) return java_special(0.0, 1, negative, out);
+    double fd = f;
+    if (fd >= 16777216.0 && fd < 9223372036854775808.0 && fd == floor(fd)) return -1;
+    char digits[32];
+    int exp = 0, n = -1;
+    for (int precision = 0; precision < 9; precision++) {
+        char *t = PyOS_double_to_string(fd, 'e', precision, 0, NULL);
+        if (t == NULL) {
+            PyErr_Clear();
+            return -1;
+        }
+        n = split_digits(t, digits, &exp);
+        double back = PyOS_string_to_double(t, NULL, NULL);
+        PyMem_Free(t);
+        if (n < 0 || (back == -1.0 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return -1;
+        }
+        if (fabs(back) <= 3.4028235677973366e38 && (float)back == f) break;
+    }
+    if (!one_digit_holds(fd, digits, n)) return -1;
+    return java_layout(negative, digits, n, exp, out);
+}
+
 static int member_index(const Col *c, const char *p, Py_ssize_t n) {
     for (Py_ssize_t k = c->nmembers - 1; k >= 0; k--) /* a later duplicate wins, as a dict */
         if (c->members[k].n == n && memcmp(c->members[k].p, p, (size_t)n) == 0) return (int)k;
@@ -861,6 +1056,19 @@ static int text_of(const Col *c, const Val *v, Text *t, Buf *s, PyObject *unpack
             return OK;
         }
         break;
+    case K_FLOAT:
+    case K_DOUBLE:
+        if (v->t == V_DBL) {
+            if (reserve(s, 64) < 0) return ERROR;
+            int n = (c->kind == K_FLOAT ? java_float : java_double)(v->d, s->data + s->len);
+            if (n < 0) break;
+            t->scratch = 1;
+            t->off = s->len;
+            t->n = n;
+            s->len += n;
+            return OK;
+        }
+        break;
     default:
         break;
     }
@@ -880,7 +1088,7 @@ static inline Py_ssize_t column_size(const Col *c, int side, const Text *t) {
 
 static inline void put_column(Buf *b, const Col *c, int side, const Text *t, const Buf *s) {
     if (t->null) {
-        put(b, c->null[side].p, c->null[side].n);
+        put_const(b, c->null[side].p, c->null[side].n);
         return;
     }
     const Bytes *pre = &(t->wide ? c->wide : c->pre)[side];
@@ -888,7 +1096,7 @@ static inline void put_column(Buf *b, const Col *c, int side, const Text *t, con
     if (t->n) body += 1 + varint_len((uint64_t)t->n) + t->n;
     put1(b, SIDE_TAG[side]);
     put_varint(b, (uint64_t)body);
-    put(b, pre->p, pre->n);
+    put_const(b, pre->p, pre->n);
     if (t->n) {
         put1(b, 0x42);
         put_varint(b, (uint64_t)t->n);
@@ -1019,7 +1227,7 @@ static int row_datas(const Plan *plan, PyObject *before, PyObject *after, Work *
             for (Py_ssize_t i = 0; i < n; i++)
                 size += column_size(&plan->cols[i], a.count ? 2 : 0, &ta[i]);
         }
-        if ((rc = reserve(&w->out, 11 + size))) goto done;
+        if ((rc = reserve(&w->out, 11 + size + CONST_PAD))) goto done;
         put1(&w->out, 0x62);
         put_varint(&w->out, (uint64_t)size);
         if (pairs) {

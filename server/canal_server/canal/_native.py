@@ -40,7 +40,7 @@ ENV = "CANAL_CANALCODEC"  # "python": the Python encoder even where the C one is
 
 # Column kinds; the same numbers are in _canalcodec.c.
 (K_STR, K_DECIMAL, K_DATETIME, K_TIMESTAMP, K_YEAR, K_BIT, K_STRING, K_BINARY,
- K_FIXED_BINARY, K_ENUM, K_SET, K_JSON, K_CALL) = range(1, 14)  # fmt: skip
+ K_FIXED_BINARY, K_ENUM, K_SET, K_JSON, K_CALL, K_FLOAT, K_DOUBLE) = range(1, 16)  # fmt: skip
 ZONE_LOCAL, ZONE_FIXED, ZONE_CALL = range(3)
 
 _KINDS: dict[Callable[[Any], str], int] = {
@@ -53,6 +53,8 @@ _KINDS: dict[Callable[[Any], str], int] = {
     values.binary_text: K_BINARY,
     values.fixed_binary_text: K_FIXED_BINARY,
     values.json_text: K_JSON,
+    values.java_float: K_FLOAT,
+    values.java_double: K_DOUBLE,
 }
 
 
