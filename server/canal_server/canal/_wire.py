@@ -6,7 +6,9 @@ columns share encoded once (``Plan``). A message's fields may come in any order
 (protobuf's rule: parsers accept any order), so a column puts its value last: all before
 it is the same for every value of one length, and a column is one precomputed prefix
 (per value length) and the value's bytes. What it writes parses to the message
-``convert.to_canal_entry`` builds (tests/test_canal_entries.py compares them).
+``convert.to_canal_entry`` builds (tests/test_canal_entries.py compares them); the C
+encoder (``_canalcodec``) writes these bytes exactly (tests/test_canal_native.py), with
+the constant parts ``Plan`` and ``column_fields`` give it.
 """
 
 from __future__ import annotations

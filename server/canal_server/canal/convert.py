@@ -25,10 +25,12 @@ the header prop ``snapshot`` (their ordinal), also on the BEGIN/END around a chu
 HEARTBEAT entry has no Canal form (Canal's sink drops heartbeats before its store) and
 is dropped. docs/canal-protocol.md has the table.
 
-Speed: ``encode_entries`` writes the bytes itself (``_wire``: what a table's columns,
-a file and a transaction share encoded once); the generated (upb) classes build a
-Python object per column of every row, several times slower (measured:
-benchmarks/bench_canal_encode.py, docs/canal-protocol.md "Speed").
+Speed: ``encode_entries`` writes the bytes in C (``_native``, ``_canalcodec.c``: a
+table's constant bytes per column encoded once, the values read from the store's msgpack
+without a Python object each); ``encode_entries_python`` writes the same bytes in Python
+(``_wire``), the C encoder's reference and its way out for what it does not write
+itself; the generated (upb) classes build a Python object per column of every row
+(measured: benchmarks/bench_canal_encode.py, docs/canal-protocol.md "Speed").
 """
 
 from __future__ import annotations
