@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import threading
 import time
 import zoneinfo
 from collections.abc import Callable, Iterator
@@ -385,3 +386,31 @@ def test_the_python_encoder_is_chosen_by_the_environment(monkeypatch: pytest.Mon
     assert not _native.use_native()
     monkeypatch.delenv(_native.ENV)
     assert _native.use_native()
+
+
+def test_threads_encode_at_once() -> None:
+    """Encoders shared by threads (a listener's connections): text functions called back
+    (a tzinfo zone) let other threads run mid-entry; every result is the reference's."""
+    cols = TableColumns(("id", "ts", "name", "f"), ("int", "timestamp(3)", "varchar(20)", "double"),
+                        (True, False, False, False))  # fmt: skip
+    rows = tuple((i, f"2024-07-0{i % 9 + 1}T12:00:0{i % 10}.123Z", "é" * (i % 5), i / 7)
+                 for i in range(200))  # fmt: skip
+    header = Header("bin.000001", 4, 100, 1, 1_700_000_000_000, "0-1-8", "s", "t", EventType.UPDATE)
+    entries = [
+        Entry(EntryType.ROWDATA, header, images=RowImages(cols, rows[:100], rows[100:])),
+        Entry(EntryType.ROWDATA, header, is_ddl=True, sql="ALTER TABLE t ADD c INT"),
+    ]
+    form = FORMS[3]
+    expected = encode_entries_python(entries, form)
+    results: list[Any] = []
+
+    def work() -> None:
+        for _ in range(20):
+            results.append(encode_entries(entries, form))
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 80 and all(r == expected for r in results)
