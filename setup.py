@@ -13,7 +13,8 @@ setup(
         ),
         Extension(
             "canal_server.canal._canalcodec",
-            ["server/canal_server/canal/_canalcodec.c"],
+            ["server/canal_server/canal/_canalcodec.c", "server/canal_server/canal/_canaltext.c"],
+            depends=["server/canal_server/canal/_canalcodec.h"],
             optional=True,
             extra_compile_args=["-O2"],
         ),

@@ -43,7 +43,9 @@ fi
 stamp=.venv/.canal-ha-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
   || [ server/canal_server/parse/_rowcodec.c -nt "$stamp" ] \
-  || [ server/canal_server/canal/_canalcodec.c -nt "$stamp" ]; then
+  || [ server/canal_server/canal/_canalcodec.c -nt "$stamp" ] \
+  || [ server/canal_server/canal/_canaltext.c -nt "$stamp" ] \
+  || [ server/canal_server/canal/_canalcodec.h -nt "$stamp" ]; then
   echo "setup: installing canal-ha into .venv (editable, every extra)"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e ".[server,spark,connect,dev]"
