@@ -19,7 +19,8 @@ entry: BEGIN, 16 ROWDATA, END; eight inserts, one update, one delete of every te
   listener sends; the same bytes as ``canal_python``).
 
 Rows are row changes (an UPDATE's before + after image count once). The ways take
-turns run by run. Prints rows/s per way (median of ``--repeat`` runs) and writes
+turns run by run. Prints rows/s per way (median of ``--repeat`` runs) and rows per
+second of the process's CPU time (steadier on a loaded machine), and writes
 ``benchmarks/results/canal_encode.json``.
 """
 
@@ -151,19 +152,25 @@ WAYS: dict[str, Callable[[list[Entry]], int]] = {
 
 def measure(entries: list[Entry], rows: int, repeat: int) -> dict[str, dict[str, Any]]:
     """rows/s and bytes of each way, the median of ``repeat`` runs each; the ways take
-    turns run by run, so a change in the machine's load falls on all of them."""
+    turns run by run, so a change in the machine's load falls on all of them. Also rows
+    per second of this process's CPU time (``cpu_rows_per_s``): on a machine shared with
+    other jobs, wall-clock rates move with their load, CPU time much less."""
     runs: dict[str, list[float]] = {name: [] for name in WAYS}
+    cpu: dict[str, list[float]] = {name: [] for name in WAYS}
     sizes: dict[str, int] = {}
     for _ in range(repeat):
         for name, way in WAYS.items():
             fresh = _fresh(entries)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             sizes[name] = way(fresh)
-            runs[name].append(rows / (time.perf_counter() - t0))
+            c1, t1 = time.process_time(), time.perf_counter()
+            runs[name].append(rows / (t1 - t0))
+            cpu[name].append(rows / max(c1 - c0, 1e-9))
     return {
-        name: {"rows_per_s": statistics.median(r), "runs": r, "bytes": sizes[name]}
+        name: {"rows_per_s": statistics.median(r), "runs": r,
+               "cpu_rows_per_s": statistics.median(cpu[name]), "bytes": sizes[name]}
         for name, r in runs.items()
-    }
+    }  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -176,13 +183,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for shape, entries in batches(args.rows).items():
         ways = measure(entries, args.rows, args.repeat)
         anchor = ways["msgpack_compact"]["rows_per_s"]
+        cpu_anchor = ways["msgpack_compact"]["cpu_rows_per_s"]
         for way in ways.values():
             way["vs_msgpack_compact"] = round(way["rows_per_s"] / anchor, 3)
+            way["cpu_vs_msgpack_compact"] = round(way["cpu_rows_per_s"] / cpu_anchor, 3)
         result["shapes"][shape] = {"entries": len(entries), "ways": ways}
         print(f"{shape}: {args.rows} rows in {len(entries)} entries")
-        for name, way in ways.items():
-            print(f"  {name:16} {way['rows_per_s']:>12,.0f} rows/s  x{way['vs_msgpack_compact']:<6}"
-                  f" {way['bytes']:>12,} bytes")  # fmt: skip
+        for name, w in ways.items():
+            print(f"  {name:16} {w['rows_per_s']:>12,.0f} rows/s  x{w['vs_msgpack_compact']:<6}"
+                  f" {w['cpu_rows_per_s']:>12,.0f} rows/cpu-s  x{w['cpu_vs_msgpack_compact']:<6}"
+                  f" {w['bytes']:>12,} bytes")  # fmt: skip
     m = result["machine"]
     print(f"machine: {m.get('cpu_model')} x{m.get('nproc')}, python {m.get('python')}")
     write_result(args.out, result)

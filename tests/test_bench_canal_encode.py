@@ -31,6 +31,8 @@ def test_canal_encode_benchmark_writes_the_documented_json(tmp_path: Path) -> No
         ]  # fmt: skip
         assert all(w["rows_per_s"] > 0 and len(w["runs"]) == 1 for w in ways.values())
         assert ways["msgpack_compact"]["vs_msgpack_compact"] == 1.0
+        assert ways["msgpack_compact"]["cpu_vs_msgpack_compact"] == 1.0
+        assert all(w["cpu_rows_per_s"] > 0 for w in ways.values())
         # the hand-written bytes hold the same fields as the generated classes' (in
         # another order): the same size; the C and the Python encoder write the same
         assert ways["canal_encode"]["bytes"] == ways["canal_generated"]["bytes"] > 0
