@@ -40,12 +40,13 @@ FAST_ELECTION = {
 
 @dataclass
 class BenchNode:
-    """One node process with its URL and etcd prefix."""
+    """One node process with its URL, Canal listener and etcd prefix."""
 
     id: str
     url: str
     prefix: str
     process: ManagedProcess
+    canal: str = ""
 
     @property
     def pid(self) -> int:
@@ -110,6 +111,7 @@ def _config(
         "etcd": {"endpoints": ctx.sandbox.etcd_endpoints, "prefix": prefix, "timeout_s": 0.5},
         "election": dict(FAST_ELECTION),
         "meta": {"flush_period_ms": 200},
+        "canal": {"listen": f"127.0.0.1:{free_port()}"},
     }  # fmt: skip
     for section, values in extra.items():
         config[section] = {**config.get(section, {}), **values}
@@ -138,7 +140,8 @@ def start_nodes(
         proc = ManagedProcess(f"bench-{label}-node{i}", argv, path.with_suffix(".log"))
         proc.start()
         ctx.sandbox.add_process(proc)
-        nodes.append(BenchNode(f"node{i}", cfg["node"]["advertise_url"], prefix, proc))
+        url, canal = cfg["node"]["advertise_url"], cfg["canal"]["listen"]
+        nodes.append(BenchNode(f"node{i}", url, prefix, proc, canal))
     for node in nodes:
         wait_until(
             lambda node=node: node.health() is not None or not node.is_running(),  # type: ignore[misc]

@@ -78,8 +78,9 @@ _counter = itertools.count(1)
 
 @dataclass
 class NodeProc:
-    """One node process: ``url``, ``pid``, ``kill()`` (SIGKILL), ``stop()`` (SIGTERM),
-    ``pause()``/``resume()`` (SIGSTOP/SIGCONT), ``restart()``, ``health()``."""
+    """One node process: ``url``, ``canal`` (its Canal listener's ``host:port``), ``pid``,
+    ``kill()`` (SIGKILL), ``stop()`` (SIGTERM), ``pause()``/``resume()``
+    (SIGSTOP/SIGCONT), ``restart()``, ``health()``."""
 
     id: str
     port: int
@@ -91,6 +92,7 @@ class NodeProc:
     token: str | None = None
     verify: ssl.SSLContext | bool = True
     exit_codes: list[int | None] = field(default_factory=list)
+    canal: str = ""
 
     @property
     def pid(self) -> int:
@@ -161,7 +163,8 @@ def node_config(
     **overrides: dict[str, Any],
 ) -> dict[str, Any]:
     """The config dict of one node (render with ``canal_server.config.render_toml``);
-    ``names``: several destinations instead of ``destination_name``."""
+    ``names``: several destinations instead of ``destination_name``. The Canal listener
+    is on a free port."""
     dsn = sandbox.primary.dsn()
     dest: dict[str, Any] = {
         "master": {"address": f"{dsn['host']}:{dsn['port']}"},
@@ -178,6 +181,7 @@ def node_config(
         "etcd": {"endpoints": sandbox.etcd_endpoints, "prefix": prefix, "timeout_s": 0.5},
         "election": dict(FAST_ELECTION),
         "meta": {"flush_period_ms": 200},
+        "canal": {"listen": f"127.0.0.1:{free_port()}"},
     }  # fmt: skip
     for section, values in overrides.items():
         config[section] = {**config.get(section, {}), **values}
@@ -222,7 +226,10 @@ def start_nodes(
         proc = ManagedProcess(f"node-{run}-{node_id}", argv, path.with_suffix(".log"), env=env)
         url = cfg["node"]["advertise_url"]
         first = names[0] if names else destination_name
-        nodes.append(NodeProc(node_id, port, url, path, proc, prefix, first, tokens[0], verify))
+        canal = cfg["canal"]["listen"] if cfg["canal"].get("enable", True) else ""
+        nodes.append(
+            NodeProc(node_id, port, url, path, proc, prefix, first, tokens[0], verify, canal=canal)
+        )
         proc.start()
     try:
         for node in nodes if wait else ():

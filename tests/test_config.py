@@ -14,7 +14,7 @@ from canal_server.config import config_from_dict, dsn_of, load_config, render_to
 EXAMPLE = """
 [node]
 id = "node1"
-listen = "127.0.0.1:11111"
+listen = "127.0.0.1:11112"
 
 [etcd]
 endpoints = ["http://127.0.0.1:2379", "127.0.0.1:2479"]
@@ -59,8 +59,8 @@ def test_example_config_parses(tmp_path: Path) -> None:
     path = tmp_path / "node.toml"
     path.write_text(EXAMPLE)
     cfg = load_config(path)
-    assert cfg.advertise_url == "http://127.0.0.1:11111"
-    assert (cfg.listen_host, cfg.listen_port) == ("127.0.0.1", 11111)
+    assert cfg.advertise_url == "http://127.0.0.1:11112"
+    assert (cfg.listen_host, cfg.listen_port) == ("127.0.0.1", 11112)
     ex = cfg.destinations["example"]
     assert ex.name == "example" and ex.gtid_mode and ex.standby is not None
     assert ex.master.journal_name == "mariadb-bin.000001" and ex.master.position == 4

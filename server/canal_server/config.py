@@ -4,8 +4,8 @@ Layout (keys follow Canal's instance.properties where one exists)::
 
     [node]
     id = "node1"                          # an id (canal_protocol.ids), unique in the cluster
-    listen = "127.0.0.1:11111"            # host:port uvicorn binds
-    advertise_url = "http://127.0.0.1:11111"  # what other nodes redirect to (default: from listen)
+    listen = "127.0.0.1:11112"            # host:port the REST API (uvicorn) binds
+    advertise_url = "http://127.0.0.1:11112"  # what other nodes redirect to (default: from listen)
     http = "auto"                         # parser: auto (httptools if installed), h11, httptools
     loop = "auto"                         # event loop: auto (uvloop if installed), asyncio, uvloop
     header_timeout_s = 10.0               # a request's head must arrive within this long
@@ -34,6 +34,17 @@ Layout (keys follow Canal's instance.properties where one exists)::
 
     [meta]
     flush_period_ms = 1000
+
+    [canal]                               # Canal's TCP protocol (docs/canal-protocol.md)
+    enable = true
+    listen = "127.0.0.1:11111"            # Canal's canal.ip:canal.port
+    advertise = ""                        # host:port other nodes relay to (default: listen)
+    user = ""                             # canal.user; "" = any user name
+    passwd = ""                           # canal.passwd: hex SHA1(SHA1(password)), a secret;
+                                          #   "" = any password
+    allow_plaintext_password = false      # also accept the password itself (canal-python)
+    destinations = ["example"]            # optional: the destinations the user may consume
+    clients = ["1001"]                    # optional: the client ids it may use
 
     [auth]
     tokens = []                           # bearer tokens with every right; none at all = no auth
@@ -83,8 +94,9 @@ Layout (keys follow Canal's instance.properties where one exists)::
     snapshot.mode = "never"               # "initial": snapshot when the destination is new
     snapshot.chunk_rows = 10000
 
-Secrets (``etcd.password``, ``db.password``, each of ``auth.tokens``) are a string or
-``{ env = "NAME" }`` or ``{ file = "/run/secrets/x" }`` (``canal_server.secrets``).
+Secrets (``etcd.password``, ``db.password``, ``canal.passwd``, each of ``auth.tokens``) are
+a string or ``{ env = "NAME" }`` or ``{ file = "/run/secrets/x" }``
+(``canal_server.secrets``).
 
 ``load_config(path)`` raises ``ConfigError(key, reason)``; ``render_toml(data)`` writes
 such a file from a dict (test harnesses, ``canal-ha up``).
@@ -121,6 +133,7 @@ from canal_server.secrets import Secret, SecretText
 __all__ = [
     "AdminToken",
     "AuthSection",
+    "CanalSection",
     "ConsumerToken",
     "DestinationConfig",
     "NodeConfig",
@@ -167,7 +180,7 @@ class _Section(BaseModel):
 
 class NodeSection(_Section):
     id: str
-    listen: str = "127.0.0.1:11111"
+    listen: str = "127.0.0.1:11112"
     advertise_url: str = ""
     http: Literal["auto", "h11", "httptools"] = "auto"
     loop: Literal["auto", "asyncio", "uvloop"] = "auto"
@@ -267,6 +280,15 @@ def _check_token(v: str) -> str:
     return v
 
 
+def _check_ids(v: list[str] | None) -> list[str] | None:
+    if v is not None:
+        if not v:
+            raise ValueError("give at least one, or leave the key out (= any)")
+        for x in v:
+            _check_id(x)
+    return v
+
+
 class AdminToken(_Section):
     """``[[auth.admin]]``: every right, including the routes that change the cluster."""
 
@@ -284,16 +306,7 @@ class ConsumerToken(_Section):
     clients: list[str] | None = None
 
     _token = field_validator("token")(_check_token)
-
-    @field_validator("destinations", "clients")
-    @classmethod
-    def _ids(cls, v: list[str] | None) -> list[str] | None:
-        if v is not None:
-            if not v:
-                raise ValueError("give at least one, or leave the key out (= any)")
-            for x in v:
-                _check_id(x)
-        return v
+    _ids = field_validator("destinations", "clients")(_check_ids)
 
 
 class AuthSection(_Section):
@@ -319,6 +332,68 @@ class AuthSection(_Section):
     def enabled(self) -> bool:
         """Any token configured: every route but health, metrics and docs needs one."""
         return bool(self.tokens or self.admin or self.consumer)
+
+
+_PASSWD = re.compile(r"\*?[0-9A-Fa-f]{40}")
+
+
+class CanalSection(_Section):
+    """``[canal]``: the listener of Canal's TCP protocol (``canal_server.canal``) and its
+    one user (Canal's ``canal.user`` / ``canal.passwd``), a consumer of ``destinations``
+    / ``clients`` (None = any)."""
+
+    enable: bool = True
+    listen: str = "127.0.0.1:11111"
+    advertise: str = ""
+    user: str = ""
+    passwd: Secret = SecretStr("")
+    allow_plaintext_password: bool = False
+    destinations: list[str] | None = None
+    clients: list[str] | None = None
+
+    _listen = field_validator("listen")(_host_port)
+    _ids = field_validator("destinations", "clients")(_check_ids)
+
+    @field_validator("advertise")
+    @classmethod
+    def _advertise(cls, v: str) -> str:
+        return _host_port(v) if v else v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if not v.isprintable():
+            raise ValueError("must be printable")
+        return v
+
+    @field_validator("passwd")
+    @classmethod
+    def _passwd(cls, v: SecretStr) -> SecretStr:
+        text = v.get_secret_value()
+        if text and _PASSWD.fullmatch(text) is None:
+            raise ValueError(
+                "must be the hex of SHA1(SHA1(password)) (40 hex digits, as Canal's "
+                "canal.passwd or MySQL's PASSWORD() without its '*'), or empty"
+            )
+        return SecretStr(text.lstrip("*").upper())
+
+    @property
+    def passwd_hash(self) -> bytes:
+        """SHA1(SHA1(password)) (b"": any password)."""
+        return bytes.fromhex(self.passwd.get_secret_value())
+
+    @property
+    def advertised(self) -> str:
+        """``host:port`` other nodes relay a client to."""
+        return self.advertise or self.listen
+
+    @property
+    def host(self) -> str:
+        return self.listen.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rsplit(":", 1)[1])
 
 
 class TlsSection(_Section):
@@ -503,6 +578,7 @@ class NodeConfig(_Section):
     meta: MetaSection = MetaSection()
     auth: AuthSection = AuthSection()
     tls: TlsSection = TlsSection()
+    canal: CanalSection = CanalSection()
     destinations: dict[str, DestinationConfig] = Field(min_length=1)
 
     @field_validator("destinations", mode="before")
@@ -530,6 +606,14 @@ class NodeConfig(_Section):
     @property
     def listen_port(self) -> int:
         return int(self.node.listen.rsplit(":", 1)[1])
+
+
+def _same_port(a: str, b: str) -> bool:
+    """Whether two ``host:port`` binds would take the same port (a wildcard host takes
+    every address)."""
+    (ha, pa), (hb, pb) = (x.rsplit(":", 1) for x in (a, b))
+    wild = ("0.0.0.0", "::", "[::]", "")
+    return pa == pb and (ha == hb or ha in wild or hb in wild)
 
 
 def dsn_of(dest: DestinationConfig, source: SourceSection) -> dict[str, Any]:
@@ -563,6 +647,12 @@ def config_from_dict(data: Mapping[str, Any]) -> NodeConfig:
         )
         raise ConfigError(_key_of(first["loc"]), reasons) from None
     config.election.election_config().validate(config.etcd.timeout_s)  # names election.*
+    if config.canal.enable and _same_port(config.canal.listen, config.node.listen):
+        raise ConfigError(
+            "canal.listen",
+            f"{config.canal.listen} takes node.listen's port (the REST API's, "
+            f"{config.node.listen}): give one of them another port",
+        )
     return config
 
 

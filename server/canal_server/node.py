@@ -11,6 +11,10 @@
   refreshed by the registration loop; the answer of the newer etcd revision wins), for
   the standby redirect and a step-down's wait for its successor.
 
+The node record (``{"node", "url", "pid", "destinations"}``) carries ``canal``, the
+``host:port`` of the node's Canal listener when it has one: ``canal_address(node)``
+reads it for a standby that relays a Canal client to the leader.
+
 ``step_down(d, to)`` hands a led destination over to another node (the REST admin
 route). ``stop()`` hands every led destination over to the least loaded live node
 configured for it (graceful handover: final meta flush, then the successor takes over
@@ -57,12 +61,13 @@ from canal_server.metrics import (
 )
 from canal_server.parse import rowcodec
 
-__all__ = ["ETCD_CHECK_TTL_S", "DestinationView", "EtcdProbe", "Node"]
+__all__ = ["CANAL_ADDRESS_TTL_S", "ETCD_CHECK_TTL_S", "DestinationView", "EtcdProbe", "Node"]
 
 log = logging.getLogger(__name__)
 
 
 ETCD_CHECK_TTL_S = 1.0
+CANAL_ADDRESS_TTL_S = 2.0  # a node record's Canal address is read again after this
 
 
 class EtcdProbe:
@@ -124,6 +129,7 @@ class Node:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._etcd = EtcdProbe(lambda: self.coord.get(self.keys.node(self.id)))
+        self._canal_addresses: dict[str, tuple[float, str | None]] = {}
         election = config.election.election_config()
         self._leaving = False
         self._leave_thread: threading.Thread | None = None
@@ -256,6 +262,8 @@ class Node:
             "pid": os.getpid(),
             "destinations": list(self.instances),
         }
+        if self.config.canal.enable:
+            data["canal"] = self.config.canal.advertised
         if self._leaving:
             data["leaving"] = True
         return json.dumps(data).encode()
@@ -425,6 +433,23 @@ class Node:
         if epoch is None:
             epoch = leader.epoch if leader is not None else 0
         return DestinationView(role, epoch, leader, self.monitors[destination].handing_to())
+
+    def canal_address(self, node_id: str) -> str | None:
+        """The Canal listener (``host:port``) of node ``node_id`` as its etcd record has
+        it (None: no such node, or it has no listener); read at most every
+        ``CANAL_ADDRESS_TTL_S``. Blocks on etcd (raises CoordinationError)."""
+        now = time.monotonic()
+        cached = self._canal_addresses.get(node_id)
+        if cached is not None and now - cached[0] < CANAL_ADDRESS_TTL_S:
+            return cached[1]
+        kv = self.coord.get(self.keys.node(node_id))
+        address = None
+        if kv is not None:
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                found = json.loads(kv.value).get("canal")
+                address = str(found) if found else None
+        self._canal_addresses[node_id] = (now, address)
+        return address
 
     def epoch_of(self, destination: str) -> int:
         try:

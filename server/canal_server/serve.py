@@ -1,4 +1,5 @@
-"""Run a node: uvicorn serving the API of a ``Node``, with a clean stop on signals.
+"""Run a node: uvicorn serving the API of a ``Node`` and, on the same event loop, the
+Canal TCP listener (``canal_server.canal``), with a clean stop on signals.
 
 Before serving, ``access.check_at_start``: etcd and the databases must let the node in
 with what it needs (a refusal ends the start naming the key; see ``canal_server.access``).
@@ -16,6 +17,7 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -27,6 +29,7 @@ from starlette.types import ASGIApp, Message
 from canal_server.access import check_at_start
 from canal_server.api import create_app
 from canal_server.api.transport import protocol_class
+from canal_server.canal.listener import CanalListener
 from canal_server.config import NodeConfig
 from canal_server.log_limit import install_log_limit
 from canal_server.node import Node
@@ -51,11 +54,32 @@ SWITCH_INTERVAL_S = 0.001
 
 
 class _NodeServer(uvicorn.Server):
-    """uvicorn that tells the node to stop serving the moment a signal arrives."""
+    """uvicorn that tells the node to stop serving the moment a signal arrives, and runs
+    the Canal listener on its loop: bound before the API, closed before it."""
 
-    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+    def __init__(
+        self, config: uvicorn.Config, on_exit: Callable[[], None], canal: CanalListener | None
+    ) -> None:
         super().__init__(config)
         self._on_exit = on_exit
+        self._canal = canal
+        self.canal_failed = ""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._canal is not None:
+            try:
+                await self._canal.start()
+            except OSError as exc:
+                self.canal_failed = f"canal.listen {self._canal.host}:{self._canal.port}: {exc}"
+                log.error("could not listen on %s", self.canal_failed)
+                self.should_exit = True
+                return
+        await super().startup(sockets)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._canal is not None:
+            await self._canal.close()
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -144,7 +168,8 @@ def run_node(config: NodeConfig) -> int:
         loop=config.node.loop,
     )
     install_log_limit(logging.getLogger("uvicorn"))  # its own handlers: the same limit
-    uv = _NodeServer(uv_config, node.begin_leaving)
+    canal = CanalListener(node) if config.canal.enable else None
+    uv = _NodeServer(uv_config, node.begin_leaving, canal)
     node.start()
     try:
         warm_routes(app)
@@ -156,6 +181,9 @@ def run_node(config: NodeConfig) -> int:
         uv.run()
     finally:
         node.stop()
+    if uv.canal_failed:
+        print(f"canal-ha server: could not listen on {uv.canal_failed}")
+        return 1
     if not uv.started:
         print(f"canal-ha server: could not listen on {config.node.listen}")
         return 1
