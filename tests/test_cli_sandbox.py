@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from canal_java_client import SimpleConnector
 from node_fixtures import json_row_ids
 
 from canal_cluster.retry import wait_until
@@ -44,6 +45,12 @@ def test_up_detach_three_members_standby_then_down(tmp_path: Path) -> None:
         assert state["mariadb"]["standby"]["port"] != state["mariadb"]["primary"]["port"]
         assert all(pid_alive(p) for p in pids) and len(pids) == 8  # 3 etcd, 2 db, 3 nodes
         assert [n["name"] for n in state["nodes"]] == ["node1", "node2", "node3"]
+        for n in state["nodes"]:  # each node's Canal TCP listener, printed and recorded
+            assert f"{n['url']}  canal {n['canal']}  pid {n['pid']}" in up.stdout
+            host, port = n["canal"].rsplit(":", 1)
+            canal = SimpleConnector((host, int(port)), "", "", "example", so_timeout_s=30)
+            canal.connect()  # handshake (version 1) and login
+            canal.disconnect()
         leader = state["destinations"]["example"]["leader"]
         assert leader["url"] in [n["url"] for n in state["nodes"]]
         assert f"leader   {leader['node']} {leader['url']}" in up.stdout

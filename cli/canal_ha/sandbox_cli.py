@@ -115,7 +115,9 @@ def print_summary(box: Sandbox, nodes: list[dict[str, Any]]) -> None:
             rows.append((db.name, f"{d['url']}  server_id={d['server_id']}  pid {db.process.pid}"))
     rows.append(("app", f"{box.primary.app_dsn()['url']}  (read-write: write your data here)"))
     for n in nodes:
-        rows.append((n["name"], f"{n['url']}  pid {n['pid']}  config {n['config']}"))
+        rows.append(
+            (n["name"], f"{n['url']}  canal {n['canal']}  pid {n['pid']}  config {n['config']}")
+        )
     rows.append(("state", str(box.workdir / STATE_FILE)))
     logs = ["etcd/*/etcd.log", "primary/error.log"]
     logs += ["standby/error.log"] if box.standby_db is not None else []
@@ -128,7 +130,7 @@ def print_summary(box: Sandbox, nodes: list[dict[str, Any]]) -> None:
 # -- server nodes --------------------------------------------------------------------------
 
 
-def _node_config(box: Sandbox, node_id: str, port: int) -> dict[str, Any]:
+def _node_config(box: Sandbox, node_id: str, port: int, canal_port: int) -> dict[str, Any]:
     primary = box.primary.dsn()
     dest: dict[str, Any] = {
         "master": {"address": f"{primary['host']}:{primary['port']}"},
@@ -142,6 +144,7 @@ def _node_config(box: Sandbox, node_id: str, port: int) -> dict[str, Any]:
         "node": {"id": node_id, "listen": f"127.0.0.1:{port}",
                  "advertise_url": f"http://127.0.0.1:{port}"},
         "etcd": {"endpoints": box.etcd_endpoints, "prefix": "/canal"},
+        "canal": {"listen": f"127.0.0.1:{canal_port}"},
         "destinations": {DESTINATION: dest},
     }  # fmt: skip
 
@@ -153,16 +156,17 @@ def start_nodes(box: Sandbox, count: int) -> list[dict[str, Any]]:
     nodes: list[dict[str, Any]] = []
     for i in range(1, count + 1):
         node_id = f"node{i}"
-        port = free_port()
+        port, canal_port = free_port(), free_port()
         path = box.workdir / "nodes" / f"{node_id}.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render_toml(_node_config(box, node_id, port)))
+        path.write_text(render_toml(_node_config(box, node_id, port, canal_port)))
         argv = (sys.executable, "-m", "canal_ha.cli", "server", "--config", str(path))
         proc = ManagedProcess(node_id, argv, path.with_suffix(".log"))
         proc.start()
         box.add_process(proc)
         nodes.append(
-            {"name": node_id, "url": f"http://127.0.0.1:{port}", "pid": proc.pid,
+            {"name": node_id, "url": f"http://127.0.0.1:{port}",
+             "canal": f"127.0.0.1:{canal_port}", "pid": proc.pid,
              "config": str(path), "log": str(proc.log_path)}
         )  # fmt: skip
     _write_nodes(box, nodes, None)
