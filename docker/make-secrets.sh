@@ -1,8 +1,9 @@
 #!/bin/sh
 # Makes what docker/compose.yml mounts from docker/secrets/ (or DIR): a CA, etcd's
 # server certificate (etcd1..3, also their peer certificate), client certificates for
-# the canal-ha nodes, the Spark job and etcd's root, and random passwords and the REST
-# token. Run once before `docker compose -f docker/compose.yml up`:
+# the canal-ha nodes, the Spark job and etcd's root, random passwords, the REST token,
+# and the Canal TCP user's password with its hash (canal_passwd). Run once before
+# `docker compose -f docker/compose.yml up`:
 #
 #   sh docker/make-secrets.sh            # writes docker/secrets/
 #
@@ -51,6 +52,10 @@ password canal_db_password
 password grafana_admin_password
 password repl_password
 password rest_token
+password canal_password  # the Canal TCP user's (canal.user = "canal")
+# canal.passwd: hex SHA1(SHA1(password)), as Canal keeps it
+[ -s canal_passwd ] || printf %s "$(cat canal_password)" | openssl dgst -sha1 -binary \
+    | openssl dgst -sha1 -hex | sed 's/.*= //' | tr -d '\n' > canal_passwd
 chmod 644 ./*
 chmod 600 ca.key  # signs certificates: no container needs it
 echo "secrets in $(pwd)"

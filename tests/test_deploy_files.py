@@ -25,6 +25,7 @@ import yaml
 from canal_cluster.etcd_coordinator import EtcdCoordinator
 from canal_ha.sandbox import EtcdCluster, ServerTls
 from canal_protocol.errors import CoordinatorAccessDenied
+from canal_server.canal.auth import passwd_of
 from canal_server.config import NodeConfig, load_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,6 +110,9 @@ def test_node_configs_load(name: str, compose_secrets: Path, tmp_path: Path) -> 
         dest.db.password.get_secret_value() == (compose_secrets / "canal_db_password").read_text()
     )
     assert config.auth.tokens == [(compose_secrets / "rest_token").read_text()]
+    password = (compose_secrets / "canal_password").read_text()
+    assert config.canal.passwd_hash.hex().upper() == passwd_of(password)
+    assert config.canal.advertised == f"canal-{name}:11111"
     security = config.etcd.security()
     assert security.username == "canal-node" and security.ca_file.startswith(str(compose_secrets))
     assert all(e.startswith("https://") for e in config.etcd.endpoints)
@@ -362,10 +366,10 @@ def test_prometheus_scrapes_every_node() -> None:
     compose = _yaml(DOCKER / "compose.yml")
     nodes = sorted(s for s in compose["services"] if s.startswith("canal-node"))
     listen = {load_config_listen(DOCKER / "config" / f"node{n[-1]}.toml") for n in nodes}
-    assert listen == {"0.0.0.0:11111"}
+    assert listen == {"0.0.0.0:11112"}
     (job,) = _yaml(DOCKER / "prometheus" / "prometheus.yml")["scrape_configs"]
     assert job["metrics_path"] == "/metrics"
-    assert job["static_configs"][0]["targets"] == [f"{n}:11111" for n in nodes]
+    assert job["static_configs"][0]["targets"] == [f"{n}:11112" for n in nodes]
 
 
 def load_config_listen(path: Path) -> str:
