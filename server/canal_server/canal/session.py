@@ -40,17 +40,16 @@ one batch id for two batches.
 
 One destination per connection: the first packet that names one binds the session to
 it (a later one naming another gets an error ACK; a relayed session is closed). When
-this node leads it, its ``EmbeddedServer`` serves the session: a get whose batch is
-there already is taken on the event loop; a wait, and every other call (they may write
-to etcd), runs in a worker thread. When another node leads it, the session is relayed
-there (``relay``); until a leader is known it waits up to ``LEADER_WAIT_S``.
+this node leads it, the term's ``EmbeddedServer`` serves the session (``local.Served``:
+what runs on the event loop and what in worker threads, the batch taken ahead for a
+client that is behind). When another node leads it, the session is relayed there
+(``relay``); until a leader is known it waits up to ``LEADER_WAIT_S``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import socket
 import time
@@ -62,7 +61,6 @@ from typing import Any, TypeVar
 from google.protobuf.message import DecodeError
 
 from canal_cluster.keys import Keys, validate_id
-from canal_protocol.batch import Batch
 from canal_protocol.canal import packet_pb2 as pb
 from canal_protocol.entry import Entry
 from canal_protocol.errors import (
@@ -75,21 +73,12 @@ from canal_protocol.errors import (
 )
 from canal_server.canal import wire
 from canal_server.canal.auth import CanalUser, Credential, new_seed
+from canal_server.canal.local import Served, TermEnded
 from canal_server.canal.relay import RELAY_MAGIC, Relay, RelayRefused
-from canal_server.embedded import EmbeddedServer
-from canal_server.instance import Instance, Role
+from canal_server.instance import Role
 from canal_server.node import Node
 
-__all__ = [
-    "DEFAULT_FETCH_SIZE",
-    "IDLE_MS",
-    "LEADER_WAIT_S",
-    "LOGIN_TIMEOUT_S",
-    "WAIT_ROUND_S",
-    "Context",
-    "Session",
-    "wait_of",
-]
+__all__ = ["IDLE_MS", "LEADER_WAIT_S", "LOGIN_TIMEOUT_S", "Context", "Session"]
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +87,7 @@ T = TypeVar("T")
 LOGIN_TIMEOUT_S = 30.0  # from the handshake to the client's login
 IDLE_MS = 60 * 60 * 1000  # Canal's defaultSubscriptorDisconnectIdleTimeout
 LEADER_WAIT_S = 10.0  # a session waits this long for its destination to have a leader
-WAIT_ROUND_S = 30.0  # a GET with timeout 0 waits in rounds of this (leadership checked)
-DEFAULT_FETCH_SIZE = 1000  # a GET's fetch_size <= 0 (the Java client's own default)
 _EXCEPTION = "com.alibaba.otter.canal.server.exception.CanalServerException"
-_UNITS_S = (1e-9, 1e-6, 1e-3, 1.0, 60.0, 3600.0, 86400.0)  # TimeUnit ordinals
 _NO_ANSWER = (pb.CLIENTACK, pb.CLIENTROLLBACK)
 _BODIES: dict[int, Any] = {
     pb.SUBSCRIPTION: pb.Sub,
@@ -137,24 +123,6 @@ class _End(Exception):
         self.frame = frame
 
 
-@dataclass(frozen=True)
-class _Local:
-    """The destination's term on this node that serves the session."""
-
-    inst: Instance
-    server: EmbeddedServer
-    epoch: int
-
-
-def wait_of(get: pb.Get) -> float | None:
-    """How long a GET may wait, in seconds: None = not at all (timeout -1 or absent,
-    any negative), 0 = until something arrives."""
-    if not get.HasField("timeout") or get.timeout < 0:
-        return None
-    unit = get.unit if get.HasField("unit") and 0 <= get.unit < len(_UNITS_S) else 2
-    return get.timeout * _UNITS_S[unit]
-
-
 class Session:
     """One client connection (module doc); ``run()`` serves it until it ends."""
 
@@ -170,7 +138,7 @@ class Session:
         self.relayed_in = False  # logged in through another node's relay
         self.timeouts_ms = (IDLE_MS, IDLE_MS)
         self.destination: str | None = None
-        self.local: _Local | None = None
+        self.local: Served | None = None
         self.pending: bytes | None = None  # an error ACK owed to the next packet with an answer
         sock = writer.get_extra_info("socket")
         if sock is not None:
@@ -272,7 +240,9 @@ class Session:
         if relay is None:
             client, flt = subscribe
             try:
-                await self._call(lambda s: s.subscribe(client, flt, "earliest"))
+                await self._current().call(lambda s: s.subscribe(client, flt, "earliest"))
+            except TermEnded as exc:
+                raise self._ended_by(exc) from None
             except CanalError as exc:
                 self._ended(exc)
                 message = _canal_message(pb.SUBSCRIPTION, destination, client, 0, exc)
@@ -368,7 +338,8 @@ class Session:
         while True:
             serving = inst.serving()
             if serving is not None:
-                self.destination, self.local = destination, _Local(inst, *serving)
+                self.destination = destination
+                self.local = Served(node.id, inst, serving, self.ctx.executor, self.ctx.encode)
                 log.info(
                     "canal session %s: %s served here (epoch %d)",
                     self.peer, destination, serving[1],
@@ -424,72 +395,54 @@ class Session:
         )  # fmt: skip
         return relay, ""
 
-    def _current(self) -> _Local:
+    def _current(self) -> Served:
         """The term serving the session, while its epoch lasts (else the session ends)."""
         local = self.local
         assert local is not None
-        serving = local.inst.serving()
-        if serving is None or serving[1] != local.epoch:
-            node = self.ctx.node.id
-            why = f"{self.destination}: node {node} no longer leads it (epoch {local.epoch} ended)"
-            raise _End(why, wire.error_frame(400, self._exception(why + "; connect again")))
+        try:
+            local.check()
+        except TermEnded as exc:
+            raise self._ended_by(exc) from None
         return local
+
+    def _ended_by(self, exc: Exception) -> _End:
+        return _End(str(exc), wire.error_frame(400, self._exception(f"{exc}; connect again")))
 
     # -- the embedded server ----------------------------------------------------------------
 
     async def _serve(self, kind: int, msg: Any) -> None:
         client: str = msg.client_id
         batch_id = msg.batch_id if kind in _NO_ANSWER else 0
+        local = self._current()
         try:
+            if kind == pb.GET:
+                await self._send(await local.get(client, msg))
+                return
+            await local.settle(kind, client, batch_id)
             if kind == pb.SUBSCRIPTION:
                 flt = msg.filter
-                await self._call(lambda s: s.subscribe(client, flt, "earliest"))
+                await local.call(lambda s: s.subscribe(client, flt, "earliest"))
                 await self._send(wire.ack_frame())
             elif kind == pb.UNSUBSCRIPTION:
-                await self._call(lambda s: s.unsubscribe(client))
+                await local.call(lambda s: s.unsubscribe(client))
                 await self._send(wire.ack_frame())
-            elif kind == pb.GET:
-                batch = await self._get(client, msg)
-                self._current()  # the batch's term still leads: else the session ends
-                items = self.ctx.encode(batch.entries) if not batch.is_empty else []
-                await self._send(wire.messages_frame(batch.id, items))
             elif kind == pb.CLIENTACK:
-                await self._call(lambda s: s.ack(client, batch_id))
+                await local.call(lambda s: s.ack(client, batch_id))
             else:
-                await self._call(lambda s: s.rollback(client, batch_id or None))
+                await local.call(lambda s: s.rollback(client, batch_id or None))
+        except TermEnded as exc:
+            raise self._ended_by(exc) from None
         except CanalError as exc:
             self._ended(exc)
             message = _canal_message(kind, self.destination or "", client, batch_id, exc)
             await self._fail(kind, 400, self._exception(message))
-
-    async def _call(self, fn: Callable[[EmbeddedServer], T]) -> T:
-        """``fn(server)`` in a worker thread, on the term serving the session."""
-        server = self._current().server
-        return await self._thread(lambda: fn(server))
-
-    async def _get(self, client: str, get: pb.Get) -> Batch:
-        """The GET's batch: one that is there already is taken on the event loop (no
-        thread hop); a wait runs in a worker thread."""
-        server = self._current().server
-        size = get.fetch_size if get.fetch_size > 0 else DEFAULT_FETCH_SIZE
-        size = min(size, server.max_batch_size)
-        take = server.get if get.HasField("auto_ack") and get.auto_ack else server.get_without_ack
-        wait_s = wait_of(get)
-        batch = take(client, size, 0.0)
-        while batch.is_empty and wait_s is not None:
-            round_s = min(wait_s or WAIT_ROUND_S, server.max_timeout_s)
-            batch = await self._thread(functools.partial(take, client, size, round_s))
-            if wait_s:
-                break
-            self._current()
-        return batch
 
     def _ended(self, exc: CanalError) -> None:
         """End the session when the error comes from its term's end (the store closed
         by a lost leadership, or the epoch moved on)."""
         self._current()
         if isinstance(exc, StoreClosed):
-            raise _End(str(exc), wire.error_frame(400, self._exception(f"{exc}; connect again")))
+            raise self._ended_by(exc)
 
 
 def _canal_message(kind: int, destination: str, client: str, batch_id: int, exc: CanalError) -> str:
