@@ -50,6 +50,13 @@ def _note(record: dict[str, Any]) -> str:
             f"redelivered rows {record.get('duplicate_rows', 0):,}, "
             f"client warnings {record.get('client_warnings', 0)}"
         )
+    if "vs_rest_msgpack" in record:
+        notes.append(
+            f"REST msgpack in the same run {record['rest_msgpack_rows_per_s']:,.0f} rows/s: "
+            f"{record['vs_rest_msgpack']:.2f}x (goal {record['goal_vs_rest_msgpack']}x); node "
+            f"CPU {record['node_cpu_us_per_row']} us/row vs "
+            f"{record['rest_msgpack_node_cpu_us_per_row']}"
+        )
     if "vs_mariadb_dump" in record:
         notes.append(
             f"mariadb-dump {record['mariadb_dump_rows_per_s']:,.0f} rows/s "

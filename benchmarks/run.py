@@ -22,7 +22,11 @@ The JSON document::
               offset, files, end_journal, end_offset, bytes, load_s
     parts     {name: {status: ok | error | unavailable | not yet, title, wall_s,
               reason/error when not ok, and the part's numbers: readers and end to
-              end rows, seconds, rows_per_s (median), runs; latency rates[] with
+              end rows, seconds, rows_per_s (median), runs; canal_tcp also
+              rest_msgpack_rows_per_s, rest_msgpack_runs, vs_rest_msgpack,
+              goal_vs_rest_msgpack, meets_goal, node_cpu_us_per_row (both paths),
+              consumer_{cpu,parse,wait}_us_per_row, encode {canal_protobuf_us_per_row,
+              rest_msgpack_us_per_row, canal_top_functions}; latency rates[] with
               target_tps, achieved_tps, p50_ms, p99_ms, max_ms, samples, goal_p99_ms,
               insert_p50_ms, insert_p99_ms, after_commit_p50_ms, after_commit_p99_ms,
               node_cpu_us_per_tx, loadavg_1m;
@@ -59,6 +63,7 @@ if __package__ in (None, ""):  # run as a script: make the `benchmarks` package 
 
 from benchmarks import (
     bench_api,
+    bench_canal,
     bench_node,
     bench_readers,
     bench_scale,
@@ -81,6 +86,7 @@ PARTS: tuple[Part, ...] = (
     Part("binlog_reader", "canal-ha BinlogReader (in-process)", bench_readers.binlog_reader),
     Part("e2e_msgpack", "canal-ha node -> REST msgpack -> client", bench_node.e2e_msgpack),
     Part("e2e_json", "canal-ha node -> REST JSON -> client", bench_node.e2e_json),
+    Part("canal_tcp", "canal-ha node -> Canal TCP -> client", bench_canal.canal_tcp),
     Part("spark_parquet", "Spark source -> parquet", bench_spark.spark_parquet),
     Part("latency", "commit -> client latency", bench_node.latency),
     Part("failover", "failover: leader SIGKILL / SIGSTOP -> first batch", bench_node.failover),
