@@ -78,6 +78,29 @@ def test_reader_parts_write_the_documented_json(tmp_path: Path) -> None:
         assert title in done.stdout
 
 
+def test_the_canal_tcp_part_writes_the_documented_json(tmp_path: Path) -> None:
+    """Canal's TCP protocol end to end beside REST msgpack, at a tiny size: every row
+    read once on both paths, the ratio and where the time goes recorded."""
+    out = tmp_path / "canal.json"
+    done = _run_harness(out, "--rows", "2000", "--only", "canal_tcp", "--repeat", "1")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    part = json.loads(out.read_text())["parts"]["canal_tcp"]
+    assert part["status"] == "ok", part
+    assert part["rows"] == 2000 and part["duplicate_rows"] == 0 and part["batches"] >= 1
+    assert part["values"] > 0 and part["rows_per_s"] > 0 and len(part["runs"]) == 1
+    assert part["rest_msgpack_rows_per_s"] > 0 and len(part["rest_msgpack_runs"]) == 1
+    assert part["vs_rest_msgpack"] > 0 and part["goal_vs_rest_msgpack"] == 0.5
+    assert isinstance(part["meets_goal"], bool)
+    for key in ("node_cpu_us_per_row", "rest_msgpack_node_cpu_us_per_row",
+                "consumer_cpu_us_per_row", "consumer_parse_us_per_row",
+                "consumer_wait_us_per_row"):  # fmt: skip
+        assert part[key] >= 0, key
+    encode = part["encode"]
+    assert encode["rows"] == 2000 and encode["canal_protobuf_us_per_row"] > 0
+    assert encode["rest_msgpack_us_per_row"] > 0 and encode["canal_top_functions"]
+    assert "Canal TCP" in done.stdout and "REST msgpack in the same run" in done.stdout
+
+
 def test_unknown_part_is_a_usage_error(tmp_path: Path) -> None:
     done = _run_harness(tmp_path / "x.json", "--only", "no_such_part")
     assert done.returncode == 2 and "no_such_part" in done.stderr
