@@ -438,8 +438,10 @@ def test_a_client_behind_gets_every_batch_once_in_order(
 
     ack(take(4))  # full: the next batch of 4 is taken ahead
     ack(take(4))  # ... and given here
-    take(4)
-    ack(take(2))  # another size: the batch taken ahead is rolled back first
+    third = take(4)
+    fourth = take(2)  # another size: the batch taken ahead is rolled back first
+    ack(third)  # in order, as Canal's meta wants it
+    ack(fourth)
     take(4)
     raw.send(
         packet_pb2.CLIENTROLLBACK,
@@ -465,6 +467,44 @@ def test_a_client_behind_gets_every_batch_once_in_order(
     raw.send(
         packet_pb2.UNSUBSCRIPTION,
         packet_pb2.Unsub(destination=DEST, client_id="85").SerializeToString(),
+    )
+    assert raw.ack().error_code == 0
+
+
+def test_acks_and_rollbacks_of_one_batch_follow_canals_order(
+    cluster: list[NodeProc], sandbox: Sandbox
+) -> None:
+    """Canal refuses a CLIENTACK or CLIENTROLLBACK of a batch that is not the first
+    outstanding one (its meta's rule), on the next read."""
+    sandbox.primary.execute(f"CREATE TABLE IF NOT EXISTS {DB}.t (id INT PRIMARY KEY, v TEXT)")
+    raw = Raw(wait_leader(cluster))
+    raw.send(packet_pb2.SUBSCRIPTION, sub("86"))
+    assert raw.ack().error_code == 0
+    sandbox.primary.execute(
+        f"INSERT INTO {DB}.t VALUES (401, 'o')", f"INSERT INTO {DB}.t VALUES (402, 'o')"
+    )
+    batches = []
+    for _ in range(3):  # whatever is held, at least two batches of one entry
+        raw.send(packet_pb2.GET, get("86", timeout=5000, unit=2, fetch_size=1))
+        batches.append(packet_pb2.Messages.FromString(raw.packet().body).batch_id)
+    first, second = batches[0], batches[1]
+    raw.send(packet_pb2.CLIENTACK, client_ack(second, "86"))
+    raw.send(packet_pb2.GET, get("86", timeout=-1))
+    err = raw.ack()
+    assert err.error_code == 400
+    assert (
+        "exception: com.alibaba.otter.canal.meta.exception.CanalMetaManagerException: "
+        f"batchId:{second} is not the firstly:{first}"
+    ) in err.error_message
+    rollback = packet_pb2.ClientRollback(destination=DEST, client_id="86", batch_id=second)
+    raw.send(packet_pb2.CLIENTROLLBACK, rollback.SerializeToString())
+    raw.send(packet_pb2.GET, get("86", timeout=-1))
+    assert f"batchId:{second} is not the firstly:{first}" in raw.ack().error_message
+    raw.send(packet_pb2.CLIENTACK, client_ack(first, "86"))  # in order: fine
+    raw.send(packet_pb2.CLIENTACK, client_ack(second, "86"))
+    raw.send(
+        packet_pb2.UNSUBSCRIPTION,
+        packet_pb2.Unsub(destination=DEST, client_id="86").SerializeToString(),
     )
     assert raw.ack().error_code == 0
 

@@ -35,12 +35,22 @@ from typing import TypeVar
 from canal_protocol.batch import Batch
 from canal_protocol.canal import packet_pb2 as pb
 from canal_protocol.entry import Entry
-from canal_protocol.errors import CanalError
+from canal_protocol.errors import CanalError, ServerError
 from canal_server.canal import wire
 from canal_server.embedded import EmbeddedServer
 from canal_server.instance import Instance
 
-__all__ = ["DEFAULT_FETCH_SIZE", "LOOP_ROWS", "WAIT_ROUND_S", "Served", "TermEnded", "wait_of"]
+__all__ = [
+    "DEFAULT_FETCH_SIZE",
+    "LOOP_ROWS",
+    "WAIT_ROUND_S",
+    "NotFirst",
+    "Served",
+    "TermEnded",
+    "ack_in_order",
+    "rollback_in_order",
+    "wait_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +64,33 @@ _UNITS_S = (1e-9, 1e-6, 1e-3, 1.0, 60.0, 3600.0, 86400.0)  # TimeUnit ordinals
 
 class TermEnded(Exception):
     """The leadership term that serves the session ended: the session ends."""
+
+
+class NotFirst(ServerError):
+    """Canal's ordering rule: a CLIENTACK or CLIENTROLLBACK of one batch must name the
+    first outstanding one (Canal's ``MemoryClientIdentityBatch.removePositionRange``)."""
+
+
+def _first_only(server: EmbeddedServer, client: str, batch_id: int) -> None:
+    """``NotFirst`` when ``batch_id`` is outstanding but not the client's first
+    outstanding batch (Canal refuses those; canal-ha's own ack is cumulative)."""
+    ids = [bid for bid, _ in server.meta.batches(client)]
+    if batch_id in ids and batch_id != ids[0]:
+        raise NotFirst(f"batchId:{batch_id} is not the firstly:{ids[0]}")
+
+
+def ack_in_order(server: EmbeddedServer, client: str, batch_id: int) -> None:
+    """CLIENTACK: Canal's ordering rule, then the embedded server's ack."""
+    _first_only(server, client, batch_id)
+    server.ack(client, batch_id)
+
+
+def rollback_in_order(server: EmbeddedServer, client: str, batch_id: int) -> None:
+    """CLIENTROLLBACK of batch ``batch_id`` (0: every outstanding batch), with Canal's
+    ordering rule for one batch."""
+    if batch_id:
+        _first_only(server, client, batch_id)
+    server.rollback(client, batch_id or None)
 
 
 def wait_of(get: pb.Get) -> float | None:

@@ -16,10 +16,12 @@ and client id subscribes it, as Canal's does. Then, one packet at a time, in ord
   unknown one is ms, as Canal reads it), at most the server's ``max_timeout_s`` per get
   (then an empty MESSAGES). The answer comes as soon as one entry is there.
   ``auto_ack``: the batch is acked as it is given (``EmbeddedServer.get``).
-* CLIENTACK / CLIENTROLLBACK: no answer (the client does not read one). Batch 0 rolls
-  every outstanding batch back; an ACK of batch -1 (the last get was empty) is ignored
-  and of batch 0 is Canal's 402. Their errors surface on the client's next read: the
-  next packet that expects an answer gets the error ACK instead of being carried out.
+* CLIENTACK / CLIENTROLLBACK: no answer (the client does not read one). One batch must
+  be the first outstanding one (Canal's meta rule: ``batchId:7 is not the firstly:6``).
+  Batch 0 rolls every outstanding batch back; an ACK of batch -1 (the last get was
+  empty) is ignored and of batch 0 is Canal's 402. Their errors surface on the client's
+  next read: the next packet that expects an answer gets the error ACK instead of being
+  carried out.
 * anything else (HEARTBEAT, DUMP, ...): Canal's 400 ``packet type: X is NOT supported!``.
 
 Canal's error ACKs: 401 ``destination or clientId is null. Sub: ...`` for a packet
@@ -73,7 +75,13 @@ from canal_protocol.errors import (
 )
 from canal_server.canal import wire
 from canal_server.canal.auth import CanalUser, Credential, new_seed
-from canal_server.canal.local import Served, TermEnded
+from canal_server.canal.local import (
+    NotFirst,
+    Served,
+    TermEnded,
+    ack_in_order,
+    rollback_in_order,
+)
 from canal_server.canal.relay import RELAY_MAGIC, Relay, RelayRefused
 from canal_server.instance import Role
 from canal_server.node import Node
@@ -88,6 +96,7 @@ LOGIN_TIMEOUT_S = 30.0  # from the handshake to the client's login
 IDLE_MS = 60 * 60 * 1000  # Canal's defaultSubscriptorDisconnectIdleTimeout
 LEADER_WAIT_S = 10.0  # a session waits this long for its destination to have a leader
 _EXCEPTION = "com.alibaba.otter.canal.server.exception.CanalServerException"
+_META_EXCEPTION = "com.alibaba.otter.canal.meta.exception.CanalMetaManagerException"
 _NO_ANSWER = (pb.CLIENTACK, pb.CLIENTROLLBACK)
 _BODIES: dict[int, Any] = {
     pb.SUBSCRIPTION: pb.Sub,
@@ -187,9 +196,12 @@ class Session:
     async def _thread(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.ctx.executor, fn)
 
-    def _exception(self, message: str) -> str:
+    def _exception(self, message: str, cls: str = "") -> str:
+        """Canal's error text: ``message`` as the exception ``cls`` (Canal's server
+        exception by default) of this channel."""
         return (
-            f"something goes wrong with channel: {self.channel}, exception: {_EXCEPTION}: {message}"
+            f"something goes wrong with channel: {self.channel}, exception: "
+            f"{cls or _EXCEPTION}: {message}"
         )
 
     # -- login -----------------------------------------------------------------------------
@@ -427,15 +439,16 @@ class Session:
                 await local.call(lambda s: s.unsubscribe(client))
                 await self._send(wire.ack_frame())
             elif kind == pb.CLIENTACK:
-                await local.call(lambda s: s.ack(client, batch_id))
+                await local.call(lambda s: ack_in_order(s, client, batch_id))
             else:
-                await local.call(lambda s: s.rollback(client, batch_id or None))
+                await local.call(lambda s: rollback_in_order(s, client, batch_id))
         except TermEnded as exc:
             raise self._ended_by(exc) from None
         except CanalError as exc:
             self._ended(exc)
             message = _canal_message(kind, self.destination or "", client, batch_id, exc)
-            await self._fail(kind, 400, self._exception(message))
+            cls = _META_EXCEPTION if isinstance(exc, NotFirst) else _EXCEPTION
+            await self._fail(kind, 400, self._exception(message, cls))
 
     def _ended(self, exc: CanalError) -> None:
         """End the session when the error comes from its term's end (the store closed
