@@ -79,6 +79,7 @@ def main(argv: list[str]) -> int:
                 if message["entries"]:
                     entries = [entry(e) for e in message["entries"]]
                     note(batch=message["id"], address=address, entries=entries)
+                if message["id"]:  # canal-python's own get() acks every batch id
                     client.ack(message["id"])
                 else:
                     time.sleep(0.05)

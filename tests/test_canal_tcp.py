@@ -662,6 +662,16 @@ def test_canal_python_consumes_every_kind_through_a_standby(
     for r in rows[: len(ROWS)]:
         assert [c["name"] for c in r["after"]] == names and not r["before"]
         assert [c["index"] for c in r["after"]] == list(range(len(names)))
+    second = {c["name"]: c for c in rows[1]["after"]}  # a few values in Canal's form
+    assert second["id"]["isKey"] and not second["vc"]["isKey"]
+    for name, form in {
+        "id": ("2", 4, "int(11)"),
+        "biu": ("18446744073709551615", 3, "bigint(20) unsigned"),  # widened by value
+        "dtm": ("9999-12-31 23:59:59.999999", 93, "datetime(6)"),
+        "vc": ("héllo 😀", 12, "varchar(40)"),
+    }.items():
+        c = second[name]
+        assert (c["value"], c["sqlType"], c["mysqlType"]) == form, name
     null_row = next(r for r in rows if r["after"] and r["after"][0]["value"] == "3")
     assert all(c["isNull"] for c in null_row["after"][1:])
     update = rows[len(ROWS)]
