@@ -10,10 +10,10 @@ the anchor. The goal: at least half of REST msgpack's rows/s (``vs_rest_msgpack`
 
 Where the time goes, per row: the node's CPU over each read (``node_cpu_us_per_row``,
 both paths), the Canal consumer's wait for answers, its parsing and its CPU, and
-(``encode``) the node's cost of turning a batch into bytes, measured in this process
-on the same entries: Canal's protobuf (``encode_entries`` and the MESSAGES packet)
-against the compact msgpack of REST, with the protobuf path's top functions
-(``cProfile``).
+(``encode``) the CPU of both ends measured in this process on the same entries, free of
+the machine's other load: the node turning a batch into bytes (Canal's protobuf,
+``encode_entries`` and the MESSAGES frame, against REST's compact msgpack) and the
+consumer parsing those bytes, each with its top functions (``cProfile``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import psutil
 from benchmarks import bench_node
 from benchmarks.bench_cluster import DEST, BenchNode, start_nodes, stop_all, wait_leader
 from benchmarks.bench_common import REPO, Context, median_runs
+from benchmarks.canal_consumer import read_batch
 from canal_protocol.batch import Batch
 from canal_protocol.entry import Entry
 from canal_protocol.positions import EntryPosition
@@ -127,35 +128,54 @@ def _entries(ctx: Context) -> list[Entry]:
     return got
 
 
+def _top(profile: cProfile.Profile, n: int = 6) -> list[str]:
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(n)
+    lines = [line.strip() for line in text.getvalue().splitlines()]
+    return [line for line in lines if "}" in line or ".py:" in line][:n]
+
+
 def _encode(ctx: Context) -> dict[str, Any]:
-    """The node's cost of a batch's bytes, per row: Canal protobuf against REST msgpack,
-    on the same entries in batches of ``BATCH_SIZE``; the protobuf path's top functions."""
+    """Where the CPU goes, per row, measured in this process on the same entries in
+    batches of ``BATCH_SIZE`` (no other process competes within a measure): the node's
+    MESSAGES frames (``encode_entries`` and the framing) against REST's compact msgpack,
+    and the consumer's parsing of those frames (``canal_consumer.read_batch``: Packet,
+    Messages, Entry, RowChange, every value), each with its top functions."""
     entries = _entries(ctx)
     rows = sum(e.row_count for e in entries)
     batches = [entries[i : i + BATCH_SIZE] for i in range(0, len(entries), BATCH_SIZE)]
     t0 = time.process_time()
-    for i, batch in enumerate(batches):
-        messages_frame(i + 1, encode_entries(batch))
+    frames = [messages_frame(i + 1, encode_entries(b)) for i, b in enumerate(batches)]
     canal_s = time.process_time() - t0
     t0 = time.process_time()
     for i, batch in enumerate(batches):
         Batch(i + 1, batch).pack_compact()
     msgpack_s = time.process_time() - t0
-    profile = cProfile.Profile()
-    profile.enable()
-    for i, batch in enumerate(batches[: max(1, len(batches) // 10)]):
-        messages_frame(i + 1, encode_entries(batch))
-    profile.disable()
-    text = io.StringIO()
-    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(6)
-    top = [line.strip() for line in text.getvalue().splitlines() if "}" in line or ".py:" in line]
+    tally = {"rows": 0, "duplicate_rows": 0, "values": 0, "value_chars": 0}
+    seen: set[tuple[str, int]] = set()
+    t0 = time.process_time()
+    for frame in frames:
+        read_batch(frame[4:], seen, tally)
+    parse_s = time.process_time() - t0
+    some = batches[: max(1, len(batches) // 4)]
+    node, consumer = cProfile.Profile(), cProfile.Profile()
+    node.enable()
+    some_frames = [messages_frame(i + 1, encode_entries(b)) for i, b in enumerate(some)]
+    node.disable()
+    consumer.enable()
+    for frame in some_frames:
+        read_batch(frame[4:], set(), dict.fromkeys(tally, 0))
+    consumer.disable()
     return {
         "rows": rows,
         "canal_protobuf_us_per_row": round(canal_s / rows * 1e6, 2),
         "rest_msgpack_us_per_row": round(msgpack_s / rows * 1e6, 2),
-        "canal_top_functions": top[:6],
-        "note": "encode_entries + the MESSAGES packet vs Batch.pack_compact, CPU time in the "
-        "benchmark's process on the entries BinlogReader gives for the generated binlog",
+        "consumer_parse_cpu_us_per_row": round(parse_s / rows * 1e6, 2),
+        "canal_top_functions": _top(node),
+        "consumer_top_functions": _top(consumer),
+        "note": "CPU time in the benchmark's process on the entries BinlogReader gives for "
+        "the generated binlog: encode_entries + the MESSAGES frame vs Batch.pack_compact; "
+        "the Canal consumer's parse of those frames (every Entry, RowChange and value)",
     }
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from canal_protocol.canal import entry_pb2, packet_pb2
 
-__all__ = ["consume", "main"]
+__all__ = ["consume", "main", "read_batch"]
 
 _HEADER = struct.Struct(">i")
 _ROWDATA = entry_pb2.ROWDATA
@@ -83,7 +83,7 @@ def _expect_ack(conn: _Conn, what: str) -> None:
         raise RuntimeError(f"{what}: {ack.error_code} {ack.error_message}")
 
 
-def _read_batch(body: bytes, seen: set[tuple[str, int]], tally: dict[str, int]) -> int:
+def read_batch(body: bytes, seen: set[tuple[str, int]], tally: dict[str, int]) -> int:
     """Parse one MESSAGES packet; its batch id (rows and duplicates added to ``tally``)."""
     packet = packet_pb2.Packet.FromString(body)
     if packet.type != packet_pb2.MESSAGES:
@@ -153,7 +153,7 @@ def consume(
         conn.send(packet_pb2.GET, get)
         body = conn.read()
         t2 = time.perf_counter()
-        batch_id = _read_batch(body, seen, tally)
+        batch_id = read_batch(body, seen, tally)
         parse_s += time.perf_counter() - t2
         wait_s += t2 - t1
         if batch_id != -1:

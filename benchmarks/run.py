@@ -26,7 +26,8 @@ The JSON document::
               rest_msgpack_rows_per_s, rest_msgpack_runs, vs_rest_msgpack,
               goal_vs_rest_msgpack, meets_goal, node_cpu_us_per_row (both paths),
               consumer_{cpu,parse,wait}_us_per_row, encode {canal_protobuf_us_per_row,
-              rest_msgpack_us_per_row, canal_top_functions}; latency rates[] with
+              rest_msgpack_us_per_row, consumer_parse_cpu_us_per_row,
+              canal_top_functions, consumer_top_functions}; latency rates[] with
               target_tps, achieved_tps, p50_ms, p99_ms, max_ms, samples, goal_p99_ms,
               insert_p50_ms, insert_p99_ms, after_commit_p50_ms, after_commit_p99_ms,
               node_cpu_us_per_tx, loadavg_1m;

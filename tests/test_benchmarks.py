@@ -98,6 +98,7 @@ def test_the_canal_tcp_part_writes_the_documented_json(tmp_path: Path) -> None:
     encode = part["encode"]
     assert encode["rows"] == 2000 and encode["canal_protobuf_us_per_row"] > 0
     assert encode["rest_msgpack_us_per_row"] > 0 and encode["canal_top_functions"]
+    assert encode["consumer_parse_cpu_us_per_row"] > 0 and encode["consumer_top_functions"]
     assert "Canal TCP" in done.stdout and "REST msgpack in the same run" in done.stdout
 
 
