@@ -11,6 +11,7 @@ import subprocess
 import sys
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -209,8 +210,34 @@ def test_up_gives_a_writable_app_user_and_the_readme_example_runs(tmp_path: Path
         assert res.returncode == 0, res.stderr
         assert "INSERT shop.orders [id=1, customer='ann'" in res.stdout, res.stdout
         assert "DELETE shop.orders [id=2, customer='bob'" in res.stdout, res.stdout
+        _readme_canal_python_runs(text, state, box)
     finally:
         run_cli("down", "--workdir", str(workdir))
+
+
+def _readme_canal_python_runs(text: str, state: dict[str, Any], box: Sandbox) -> None:
+    """The README's canal-python run, as written, against this sandbox's node."""
+    found = re.search(
+        r"^\$ (PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python .*?^EOF)$", text, re.M | re.S
+    )
+    assert found, "the README shows a canal-python run"
+    script = found[1].split("<<'EOF'\n", 1)[1].rsplit("EOF", 1)[0]
+    port = re.search(r"port=(\d+)", script)
+    assert port is not None
+    script = script.replace(port[0], f"port={state['nodes'][0]['canal'].rsplit(':', 1)[1]}")
+    box.primary.execute(
+        "INSERT INTO shop.orders VALUES (3, 'cy', 7.25, 'hi')",
+        "UPDATE shop.orders SET amount = 8.00 WHERE id = 3",
+    )
+    env = {**os.environ, "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
+    res = subprocess.run(
+        [sys.executable, "-"], input=script, capture_output=True, text=True, timeout=60, env=env
+    )
+    assert res.returncode == 0, res.stderr
+    shown = text[found.end() :].split("```", 1)[0].strip().splitlines()
+    assert shown and shown[0].startswith("connected to 127.0.0.1:")  # this run's port differs
+    got = res.stdout.strip().splitlines()
+    assert got[1:] == shown[1:], res.stdout
 
 
 def test_up_again_after_down_leads_for_a_client_that_never_acked(tmp_path: Path) -> None:
