@@ -57,6 +57,8 @@ def _note(record: dict[str, Any]) -> str:
             f"CPU {record['node_cpu_us_per_row']} us/row vs "
             f"{record['rest_msgpack_node_cpu_us_per_row']}"
         )
+    if record.get("reconnects"):
+        notes.append(f"reconnects {record['reconnects']} (a term ended)")
     if "vs_mariadb_dump" in record:
         notes.append(
             f"mariadb-dump {record['mariadb_dump_rows_per_s']:,.0f} rows/s "

@@ -10,6 +10,7 @@ every column value of every row image is read (as the REST part reads every valu
 
 Its one line of output is a JSON object: rows, duplicates (an entry's binlog position
 seen twice), batches, seconds (from connecting to the last row read), connect seconds,
+reconnects (a session the node ended, e.g. its term fenced on a loaded machine),
 and where the consumer's time went: ``wait_s`` (from a GET sent to its answer read:
 the node's work and the transfer), ``parse_s`` (Packet, Messages, Entry and RowChange
 parsing and reading the values), ``cpu_s`` (the process's CPU over the read).
@@ -29,7 +30,7 @@ from typing import Any
 
 from canal_protocol.canal import entry_pb2, packet_pb2
 
-__all__ = ["consume", "main", "read_batch"]
+__all__ = ["RECONNECTS", "Refused", "consume", "main", "read_batch"]
 
 _HEADER = struct.Struct(">i")
 _ROWDATA = entry_pb2.ROWDATA
@@ -76,11 +77,15 @@ def _login(conn: _Conn, user: str, password: str | None) -> None:
     _expect_ack(conn, "login")
 
 
+class Refused(RuntimeError):
+    """The node answered an error ACK."""
+
+
 def _expect_ack(conn: _Conn, what: str) -> None:
     p = packet_pb2.Packet.FromString(conn.read())
     ack = packet_pb2.Ack.FromString(p.body)
     if p.type != packet_pb2.ACK or ack.error_code:
-        raise RuntimeError(f"{what}: {ack.error_code} {ack.error_message}")
+        raise Refused(f"{what}: {ack.error_code} {ack.error_message}")
 
 
 def read_batch(body: bytes, seen: set[tuple[str, int]], tally: dict[str, int]) -> int:
@@ -88,7 +93,7 @@ def read_batch(body: bytes, seen: set[tuple[str, int]], tally: dict[str, int]) -
     packet = packet_pb2.Packet.FromString(body)
     if packet.type != packet_pb2.MESSAGES:
         ack = packet_pb2.Ack.FromString(packet.body)
-        raise RuntimeError(f"GET answered {ack.error_code} {ack.error_message}")
+        raise Refused(f"GET answered {ack.error_code} {ack.error_message}")
     messages = packet_pb2.Messages.FromString(packet.body)
     values = chars = 0
     for item in messages.messages:
@@ -117,6 +122,24 @@ def read_batch(body: bytes, seen: set[tuple[str, int]], tally: dict[str, int]) -
     return messages.batch_id
 
 
+RECONNECTS = 20  # a leadership term that ends (a node fenced on a loaded machine) ends
+# the session: the consumer connects again, rolls back and goes on, as Canal's clients do
+
+
+def _session(
+    address: str, destination: str, client_id: str, user: str, password: str | None
+) -> _Conn:
+    """A logged-in, subscribed connection, rolled back (Canal's client on connect)."""
+    conn = _Conn(address, 60.0)
+    _login(conn, user, password)
+    sub = packet_pb2.Sub(destination=destination, client_id=client_id)
+    conn.send(packet_pb2.SUBSCRIPTION, sub.SerializeToString())
+    _expect_ack(conn, "subscribe")
+    rollback = packet_pb2.ClientRollback(destination=destination, client_id=client_id)
+    conn.send(packet_pb2.CLIENTROLLBACK, rollback.SerializeToString())
+    return conn
+
+
 def consume(
     address: str,
     destination: str,
@@ -128,46 +151,51 @@ def consume(
     user: str = "",
     password: str | None = None,
 ) -> dict[str, Any]:
-    """Connect, log in, subscribe, roll back, then read ``rows`` row changes (module doc)."""
+    """Connect, log in, subscribe, roll back, then read ``rows`` row changes (module
+    doc); a session that ends is connected again (``reconnects``), up to ``RECONNECTS``."""
     tally = {"rows": 0, "duplicate_rows": 0, "batches": 0, "values": 0, "value_chars": 0}
     seen: set[tuple[str, int]] = set()
     t0 = time.perf_counter()
-    conn = _Conn(address, 60.0)
-    _login(conn, user, password)
-    sub = packet_pb2.Sub(destination=destination, client_id=client_id)
-    conn.send(packet_pb2.SUBSCRIPTION, sub.SerializeToString())
-    _expect_ack(conn, "subscribe")
-    rollback = packet_pb2.ClientRollback(destination=destination, client_id=client_id)
-    conn.send(packet_pb2.CLIENTROLLBACK, rollback.SerializeToString())
+    conn = _session(address, destination, client_id, user, password)
     connected_s = time.perf_counter() - t0
     get = packet_pb2.Get(
         destination=destination, client_id=client_id, fetch_size=batch_size,
         timeout=1000, unit=2, auto_ack=False,
     ).SerializeToString()  # fmt: skip
     wait_s = parse_s = 0.0
+    reconnects: list[str] = []
     cpu0 = time.process_time()
     while tally["rows"] < rows:
         if time.perf_counter() - t0 > timeout_s:
             raise TimeoutError(f"{tally['rows']} of {rows} rows after {timeout_s}s")
-        t1 = time.perf_counter()
-        conn.send(packet_pb2.GET, get)
-        body = conn.read()
-        t2 = time.perf_counter()
-        batch_id = read_batch(body, seen, tally)
-        parse_s += time.perf_counter() - t2
-        wait_s += t2 - t1
-        if batch_id != -1:
-            tally["batches"] += 1
-            ack = packet_pb2.ClientAck(
-                destination=destination, client_id=client_id, batch_id=batch_id
-            )
-            conn.send(packet_pb2.CLIENTACK, ack.SerializeToString())
+        try:
+            t1 = time.perf_counter()
+            conn.send(packet_pb2.GET, get)
+            body = conn.read()
+            t2 = time.perf_counter()
+            batch_id = read_batch(body, seen, tally)
+            parse_s += time.perf_counter() - t2
+            wait_s += t2 - t1
+            if batch_id != -1:
+                tally["batches"] += 1
+                ack = packet_pb2.ClientAck(
+                    destination=destination, client_id=client_id, batch_id=batch_id
+                )
+                conn.send(packet_pb2.CLIENTACK, ack.SerializeToString())
+        except (OSError, EOFError, Refused) as exc:
+            conn.sock.close()
+            reconnects.append(f"{type(exc).__name__}: {exc}"[:300])
+            if len(reconnects) > RECONNECTS:
+                raise
+            time.sleep(0.2)
+            conn = _session(address, destination, client_id, user, password)
     done_at = time.perf_counter()
     cpu_s = time.process_time() - cpu0
     conn.sock.close()
     return {
         **tally, "seconds": done_at - t0, "client_connect_s": connected_s,
         "wait_s": round(wait_s, 3), "parse_s": round(parse_s, 3), "cpu_s": round(cpu_s, 3),
+        "reconnects": len(reconnects), "first_reconnects": reconnects[:3],
     }  # fmt: skip
 
 

@@ -88,6 +88,7 @@ def test_the_canal_tcp_part_writes_the_documented_json(tmp_path: Path) -> None:
     assert part["status"] == "ok", part
     assert part["rows"] == 2000 and part["duplicate_rows"] == 0 and part["batches"] >= 1
     assert part["values"] > 0 and part["rows_per_s"] > 0 and len(part["runs"]) == 1
+    assert part["reconnects"] >= 0
     assert part["rest_msgpack_rows_per_s"] > 0 and len(part["rest_msgpack_runs"]) == 1
     assert part["vs_rest_msgpack"] > 0 and part["goal_vs_rest_msgpack"] == 0.5
     assert isinstance(part["meets_goal"], bool)
