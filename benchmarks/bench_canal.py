@@ -6,7 +6,11 @@ from its start (as ``bench_node``'s e2e parts do) and reads it whole with
 ``benchmarks/canal_consumer.py`` in a process of its own (every ``Entry`` and
 ``RowChange`` parsed, every value read); then, in the same round, a fresh node read whole
 by ``benchmarks/e2e_consumer.py`` over REST msgpack (the ``e2e_msgpack`` part's path):
-the anchor. The goal: at least half of REST msgpack's rows/s (``vs_rest_msgpack``).
+the anchor. The goal: at least half of REST msgpack's rows/s (``vs_rest_msgpack``, the
+medians' ratio). ``cpu_vs_rest_msgpack`` is the ratio of the CPU a row costs the node
+and the consumer together (REST's over Canal's, the medians' runs): what the rows/s
+ratio comes to when the two processes have a core each, whatever else runs on the
+machine.
 
 Where the time goes, per row: the node's CPU over each read (``node_cpu_us_per_row``,
 both paths), the Canal consumer's wait for answers, its parsing and its CPU, and
@@ -94,8 +98,8 @@ def _once(ctx: Context, run: int, path: str) -> dict[str, Any]:
         "node_cpu_s": round(node_cpu_s, 3),
         "node_cpu_us_per_row": round(node_cpu_s / ds.rows * 1e6, 2),
     }  # fmt: skip
+    out["consumer_cpu_us_per_row"] = round(got["cpu_s"] / ds.rows * 1e6, 2)
     if path == "canal":
-        out["consumer_cpu_us_per_row"] = round(got["cpu_s"] / ds.rows * 1e6, 2)
         out["consumer_parse_us_per_row"] = round(got["parse_s"] / ds.rows * 1e6, 2)
         out["consumer_wait_us_per_row"] = round(got["wait_s"] / ds.rows * 1e6, 2)
     return out
@@ -179,6 +183,11 @@ def _encode(ctx: Context) -> dict[str, Any]:
     }
 
 
+def _cpu(run: dict[str, Any]) -> float:
+    """CPU per row of a read, node and consumer (µs)."""
+    return float(run["node_cpu_us_per_row"]) + float(run["consumer_cpu_us_per_row"])
+
+
 def canal_tcp(ctx: Context) -> dict[str, Any]:
     canal, rest = [], []
     for run in range(ctx.repeat):
@@ -191,7 +200,9 @@ def canal_tcp(ctx: Context) -> dict[str, Any]:
         "rest_msgpack_rows_per_s": anchor["rows_per_s"],
         "rest_msgpack_runs": anchor["runs"],
         "rest_msgpack_node_cpu_us_per_row": anchor["node_cpu_us_per_row"],
+        "rest_msgpack_consumer_cpu_us_per_row": anchor["consumer_cpu_us_per_row"],
         "vs_rest_msgpack": round(ratio, 3),
+        "cpu_vs_rest_msgpack": round(_cpu(anchor) / _cpu(mid), 3),
         "goal_vs_rest_msgpack": GOAL_VS_REST,
         "meets_goal": ratio >= GOAL_VS_REST,
         "encode": _encode(ctx),

@@ -53,9 +53,12 @@ def _note(record: dict[str, Any]) -> str:
     if "vs_rest_msgpack" in record:
         notes.append(
             f"REST msgpack in the same run {record['rest_msgpack_rows_per_s']:,.0f} rows/s: "
-            f"{record['vs_rest_msgpack']:.2f}x (goal {record['goal_vs_rest_msgpack']}x); node "
-            f"CPU {record['node_cpu_us_per_row']} us/row vs "
-            f"{record['rest_msgpack_node_cpu_us_per_row']}"
+            f"{record['vs_rest_msgpack']:.2f}x (goal {record['goal_vs_rest_msgpack']}x); CPU per "
+            f"row node + consumer {record['node_cpu_us_per_row']} + "
+            f"{record['consumer_cpu_us_per_row']} us vs "
+            f"{record['rest_msgpack_node_cpu_us_per_row']} + "
+            f"{record['rest_msgpack_consumer_cpu_us_per_row']}: "
+            f"{record['cpu_vs_rest_msgpack']:.2f}x"
         )
     if record.get("reconnects"):
         notes.append(f"reconnects {record['reconnects']} (a term ended)")

@@ -12,7 +12,7 @@ the process moves its startup objects out of the cyclic GC's sight (``gc.freeze(
 the node and the latency part's consumer do): its full collections then walk only what
 came later (5-7 a run, ~45 ms in all before, ~15 ms after). ``--no-freeze`` leaves it
 out. Its one line of output is a JSON object (rows, duplicates, batches, seconds,
-connect seconds, warnings).
+connect seconds, the read's CPU seconds, warnings).
 """
 
 from __future__ import annotations
@@ -143,10 +143,12 @@ def consume(
     with SimpleConnector(url, destination, client_id, wire=wire) as conn:
         conn.subscribe(start="earliest")  # the dataset was written before: from its start
         connected_s = time.perf_counter() - t0
+        cpu0 = time.process_time()
         done_at = read(conn, tally, rows, t0, batch_size, timeout_s)
+        cpu_s = time.process_time() - cpu0
     return {
         "rows": tally.rows, "duplicate_rows": tally.duplicate_rows, "batches": tally.batches,
-        "seconds": done_at - t0, "client_connect_s": connected_s,
+        "seconds": done_at - t0, "client_connect_s": connected_s, "cpu_s": round(cpu_s, 3),
         "client_warnings": len(warnings), "first_client_warnings": warnings[:3],
     }  # fmt: skip
 

@@ -24,8 +24,9 @@ The JSON document::
               reason/error when not ok, and the part's numbers: readers and end to
               end rows, seconds, rows_per_s (median), runs; canal_tcp also
               rest_msgpack_rows_per_s, rest_msgpack_runs, vs_rest_msgpack,
-              goal_vs_rest_msgpack, meets_goal, reconnects, node_cpu_us_per_row (both paths),
-              consumer_{cpu,parse,wait}_us_per_row, encode {canal_protobuf_us_per_row,
+              goal_vs_rest_msgpack, meets_goal, cpu_vs_rest_msgpack, reconnects,
+              node_cpu_us_per_row and consumer_cpu_us_per_row (both paths),
+              consumer_{parse,wait}_us_per_row, encode {canal_protobuf_us_per_row,
               rest_msgpack_us_per_row, consumer_parse_cpu_us_per_row,
               canal_top_functions, consumer_top_functions}; latency rates[] with
               target_tps, achieved_tps, p50_ms, p99_ms, max_ms, samples, goal_p99_ms,

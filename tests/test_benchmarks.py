@@ -92,7 +92,9 @@ def test_the_canal_tcp_part_writes_the_documented_json(tmp_path: Path) -> None:
     assert part["rest_msgpack_rows_per_s"] > 0 and len(part["rest_msgpack_runs"]) == 1
     assert part["vs_rest_msgpack"] > 0 and part["goal_vs_rest_msgpack"] == 0.5
     assert isinstance(part["meets_goal"], bool)
+    assert part["cpu_vs_rest_msgpack"] > 0
     for key in ("node_cpu_us_per_row", "rest_msgpack_node_cpu_us_per_row",
+                "rest_msgpack_consumer_cpu_us_per_row",
                 "consumer_cpu_us_per_row", "consumer_parse_us_per_row",
                 "consumer_wait_us_per_row"):  # fmt: skip
         assert part[key] >= 0, key
