@@ -35,7 +35,7 @@ ALLOWED = {
 THIRD_PARTY = {
     "canal_protocol": {"msgpack", "google"},
     "canal_cluster": {"pyetcd", "grpc"},
-    "canal_client": {"msgpack", "httpx", "pyspark", "pyarrow"},
+    "canal_client": {"msgpack", "httpx", "pyspark", "pyarrow", "deltalake"},
 }
 SERVER_ONLY = {"fastapi", "starlette", "uvicorn", "pydantic", "pymysql", "pymysqlreplication"}
 

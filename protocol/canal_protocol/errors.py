@@ -41,6 +41,7 @@
         ├── UnexpectedResponse      a reply the client cannot use (status, body, redirects)
         ├── ReplayMismatch          (Spark source) a replayed micro-batch differs from its plan
         └── SchemaChanged           (Spark source) a typed stream's table changed its columns
+            └── IncompatibleChange  (Delta mirror) a column change the mirror cannot follow
 
 Later packages add their own subclasses of ``CanalError`` here, so that one
 ``except CanalError`` catches every deliberate failure of the project.
@@ -63,6 +64,7 @@ __all__ = [
     "Forbidden",
     "HandoverFailed",
     "HandoverTimeout",
+    "IncompatibleChange",
     "InvalidArgument",
     "LeaderUnavailable",
     "NotSubscribed",
@@ -293,3 +295,9 @@ class ReplayMismatch(ClientError):
 class SchemaChanged(ClientError):
     """A typed Spark stream met rows of its table with other columns than the query's
     schema (an ALTER TABLE): the message names the table, the change and what to do."""
+
+
+class IncompatibleChange(SchemaChanged):
+    """The Delta mirror (``canal_client.delta``) cannot follow a table's new columns (a
+    type that does not widen, a key column gone): the message names the table and the
+    column; nothing of the micro-batch was written."""
