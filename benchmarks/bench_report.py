@@ -294,11 +294,26 @@ def _api_poll_lines(rec: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _delta_lines(rec: dict[str, Any]) -> list[str]:
+    lines = [
+        f"  {rec['changes_per_batch']:,} row changes per micro-batch; ms per micro-batch "
+        "(addBatch, median after the first): Delta MERGE | parquet full rewrite"
+    ]
+    for size in rec["sizes"]:
+        d, p = size["delta"], size["parquet"]
+        lines.append(
+            f"  {size['rows']:>12,} rows: {d['median_add_batch_ms']:>8,.0f} | "
+            f"{p['median_add_batch_ms']:>8,.0f}  (micro-batches {d['micro_batches']} | "
+            f"{p['micro_batches']}, Delta files {d['files']})"
+        )
+    return lines
+
+
 def render_table(result: dict[str, Any]) -> str:
     """The human-readable summary printed at the end of a run."""
     lines = [*_machine_lines(result), "", *_throughput_table(result)]
     render = {
-        "spark_parquet": _spark_lines, "latency": _latency_lines,
+        "spark_parquet": _spark_lines, "delta_mirror": _delta_lines, "latency": _latency_lines,
         "failover": _failover_lines, "node_rss": _rss_lines,
         "settle": _settle_lines, "handover": _handover_lines, "scale_clients": _curve_lines,
         "scale_destinations": _curve_lines, "idle_cost": _idle_lines,

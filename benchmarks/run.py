@@ -17,7 +17,8 @@ without npm it is reported ``unavailable`` with the reason.
 The JSON document::
 
     machine   nproc, cpu_model, memory_bytes, python, platform, loadavg_at_start
-    config    rows, repeat, parts, latency_seconds, failover_*, rss_rows, snapshot_rows
+    config    rows, repeat, parts, latency_seconds, failover_*, rss_rows, snapshot_rows,
+              delta_sizes, delta_changes, delta_batches
     binlog    rows, transactions, kinds {insert, update, delete}, tables, journal,
               offset, files, end_journal, end_offset, bytes, load_s
     parts     {name: {status: ok | error | unavailable | not yet, title, wall_s,
@@ -42,7 +43,9 @@ The JSON document::
               moves_in_quiet_window; scale_clients / scale_destinations runs[] with
               consumers, aggregate_rows_per_s, per_client_rows_per_s, node_cpu_cores; idle_cost
               runs[] with destinations, rss_bytes, cpu_percent, and the per-destination
-              slopes}}
+              slopes; delta_mirror changes_per_batch, rounds, sizes[] with table, rows,
+              delta/parquet {micro_batches, rows, median_add_batch_ms, batches[] with
+              rows, add_batch_ms, batch_ms}, delta.files}}
     ratios    {name: {vs_mysql_replication, vs_c_decoder}} for every part with rows/s
     started_at, duration_s
 """
@@ -66,6 +69,7 @@ if __package__ in (None, ""):  # run as a script: make the `benchmarks` package 
 from benchmarks import (
     bench_api,
     bench_canal,
+    bench_delta,
     bench_node,
     bench_readers,
     bench_scale,
@@ -90,6 +94,11 @@ PARTS: tuple[Part, ...] = (
     Part("e2e_json", "canal-ha node -> REST JSON -> client", bench_node.e2e_json),
     Part("canal_tcp", "canal-ha node -> Canal TCP -> client", bench_canal.canal_tcp),
     Part("spark_parquet", "Spark source -> parquet", bench_spark.spark_parquet),
+    Part(
+        "delta_mirror",
+        "mirror per micro-batch as the table grows: Delta MERGE vs parquet rewrite",
+        bench_delta.delta_mirror,
+    ),
     Part("latency", "commit -> client latency", bench_node.latency),
     Part("failover", "failover: leader SIGKILL / SIGSTOP -> first batch", bench_node.failover),
     Part("node_rss", "node RSS, rows buffered (not acked)", bench_node.node_rss),
@@ -146,6 +155,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-tps", type=float, default=200.0, help="api_filter_health rows/s")
     p.add_argument("--api-polls", type=int, default=1000, help="api_long_polls: polls at once")
     p.add_argument("--api-poll-timeout-ms", type=int, default=5000, help="their timeout_ms")
+    p.add_argument(
+        "--delta-sizes", default="100000,1000000,10000000", help="table rows (delta_mirror)"
+    )
+    p.add_argument("--delta-changes", type=int, default=10_000, help="row changes per batch")
+    p.add_argument("--delta-batches", type=int, default=3, help="micro-batches per size")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     only = [n for n in args.only.split(",") if n]
@@ -203,6 +217,9 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "api_tps": args.api_tps,
         "api_polls": args.api_polls,
         "api_poll_timeout_ms": args.api_poll_timeout_ms,
+        "delta_sizes": args.delta_sizes,
+        "delta_changes": args.delta_changes,
+        "delta_batches": args.delta_batches,
     }
 
 

@@ -1,8 +1,16 @@
-"""Keep a copy of source tables in parquet: a mirror, exactly once, from typed streams.
+"""Keep a copy of source tables in parquet or Delta Lake: a mirror, exactly once, from
+typed streams.
 
     python examples/spark_mirror.py --etcd http://127.0.0.1:2379 --destination example \\
         --client-id mirror --table shop.orders --table shop.customers \\
-        --output /tmp/mirror --checkpoint /tmp/mirror-ckpt --trigger available-now
+        --output /tmp/mirror --checkpoint /tmp/mirror-ckpt --trigger available-now \\
+        [--format delta]
+
+``--format delta``: each micro-batch is MERGEd into the Delta table
+``<output>/<table>`` by ``canal_client.delta.DeltaMirror`` (the latest change per key,
+one Delta commit per micro-batch recording the query's app id and batch id: a replayed
+micro-batch is skipped; its cost follows the changes, not the table; docs/delta.md).
+The default, ``--format parquet``, is described below.
 
 One typed query per table (``.option("table", ...)``, client id ``<client-id>.<table>``,
 checkpoint ``<checkpoint>/<table>``). Each micro-batch is applied with ``foreachBatch``:
@@ -14,12 +22,12 @@ empty the table. The new state is written as a new version directory
 is already current is skipped, so a crash anywhere gives the same mirror. Older
 versions are deleted (the previous one is kept). Read a mirror with ``read_mirror``
 (or the directory named in ``_current``). Every version is a full copy of the table:
-fine for tables that fit a micro-batch's rewrite; larger ones want a table format
-with MERGE (Delta, Iceberg).
+fine for tables that fit a micro-batch's rewrite; larger ones want ``--format delta``.
 
 After an ALTER TABLE the query stops (``SchemaChanged``); run the job again: the typed
 stream reads the new columns and the mirror's older rows get them (null when added,
-cast when retyped, gone when dropped). ``--trigger available-now`` applies what the
+cast when retyped, gone when dropped; Delta: the rules of docs/delta.md, an incompatible
+retype stops the job with ``IncompatibleChange`` naming the table and column). ``--trigger available-now`` applies what the
 destination has and exits; ``--trigger 5s`` runs until Ctrl-C. At the end it prints
 the rows of each mirror.
 """
@@ -34,10 +42,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from canal_client.delta import DeltaMirror
 from canal_client.spark import CanalOptions, fetch_table, local_session
 
 CURRENT = "_current"
@@ -55,6 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", required=True, help="mirror directory")
     p.add_argument("--checkpoint", required=True, help="Spark checkpoint directory")
     p.add_argument("--trigger", default="available-now", help="available-now or e.g. 5s")
+    p.add_argument(
+        "--format", choices=("parquet", "delta"), default="parquet",
+        help="parquet: a full copy per micro-batch; delta: MERGE into a Delta table",
+    )  # fmt: skip
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--master", default="local[2]")
     return p.parse_args(argv)
@@ -180,7 +194,12 @@ def start_query(spark: SparkSession, args: argparse.Namespace, table: str) -> An
     if not keys:
         raise SystemExit(f"{table} has no primary key: a mirror needs one")
     df = spark.readStream.format("canal").options(**opts).load()
-    writer = df.writeStream.foreachBatch(Mirror(spark, args.output, table, keys))
+    sink: Any = Mirror(spark, args.output, table, keys)
+    if args.format == "delta":
+        sink = DeltaMirror(
+            args.output, tables=[table], keys=keys, report=lambda a: print(a, flush=True)
+        )
+    writer = df.writeStream.foreachBatch(sink)
     writer = writer.option("checkpointLocation", str(Path(args.checkpoint) / table))
     if args.trigger == "available-now":
         writer = writer.trigger(availableNow=True)
@@ -206,6 +225,14 @@ def main(argv: list[str] | None = None) -> int:
         if q.exception() is not None
     ]
     for table in args.table:
+        if args.format == "delta":
+            path = Path(args.output) / table
+            if not DeltaTable.is_deltatable(str(path)):
+                print(f"mirror {table}: no Delta table yet")
+                continue
+            dt = DeltaTable(str(path))
+            print(f"mirror {table}: {dt.count()} rows (Delta version {dt.version()})")
+            continue
         state = read_mirror(spark, args.output, table)
         count = state.count() if state is not None else 0
         print(f"mirror {table}: {count} rows (v={current_version(Path(args.output) / table)})")

@@ -37,12 +37,12 @@ SMOKE_PARTS = ("mariadb_binlog", "mysql_replication", "binlog_reader")
 SMOKE_ROWS = 10_000  # ten transactions: inserts, one update and one delete transaction
 
 
-def _run_harness(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _run_harness(out: Path, *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
     """Run the harness; on a timeout SIGTERM it (it then stops its sandbox) and fail."""
     argv = [sys.executable, str(REPO / "benchmarks" / "run.py"), "--out", str(out), *args]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        stdout, stderr = proc.communicate(timeout=240)
+        stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.terminate()
         stdout, stderr = proc.communicate(timeout=40)
@@ -103,6 +103,27 @@ def test_the_canal_tcp_part_writes_the_documented_json(tmp_path: Path) -> None:
     assert encode["rest_msgpack_us_per_row"] > 0 and encode["canal_top_functions"]
     assert encode["consumer_parse_cpu_us_per_row"] > 0 and encode["consumer_top_functions"]
     assert "Canal TCP" in done.stdout and "REST msgpack in the same run" in done.stdout
+
+
+@pytest.mark.timeout(900)
+def test_delta_mirror_part_at_a_tiny_size_writes_its_json(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    done = _run_harness(
+        out, "--rows", "1000", "--only", "delta_mirror", "--delta-sizes", "1500",
+        "--delta-changes", "200", "--delta-batches", "2", timeout_s=840,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    part = json.loads(out.read_text())["parts"]["delta_mirror"]
+    assert part["status"] == "ok", part
+    assert (part["changes_per_batch"], part["rounds"]) == (200, 2)
+    assert [s["rows"] for s in part["sizes"]] == [1500]
+    for size in part["sizes"]:  # each mirror was checked against the table by the job
+        for kind in ("delta", "parquet"):
+            run = size[kind]
+            assert run["rows"] == 400 and run["micro_batches"] == len(run["batches"]) >= 2
+            assert all(b["rows"] <= 200 and b["add_batch_ms"] >= 0 for b in run["batches"])
+        assert size["delta"]["files"] >= 1
+    assert "Delta MERGE | parquet full rewrite" in done.stdout
 
 
 def test_unknown_part_is_a_usage_error(tmp_path: Path) -> None:
