@@ -27,9 +27,9 @@ fine for tables that fit a micro-batch's rewrite; larger ones want ``--format de
 After an ALTER TABLE the query stops (``SchemaChanged``); run the job again: the typed
 stream reads the new columns and the mirror's older rows get them (null when added,
 cast when retyped, gone when dropped; Delta: the rules of docs/delta.md, an incompatible
-retype stops the job with ``IncompatibleChange`` naming the table and column). ``--trigger available-now`` applies what the
-destination has and exits; ``--trigger 5s`` runs until Ctrl-C. At the end it prints
-the rows of each mirror.
+retype stops the job with ``IncompatibleChange`` naming the table and column).
+``--trigger available-now`` applies what the destination has and exits; ``--trigger
+5s`` runs until Ctrl-C. At the end it prints the rows of each mirror.
 """
 
 from __future__ import annotations
@@ -208,10 +208,24 @@ def start_query(spark: SparkSession, args: argparse.Namespace, table: str) -> An
     return writer.queryName(f"mirror {table}").start()
 
 
+def started(query: Any, timeout_s: float = 300.0) -> None:
+    """Wait until the query has run its first micro-batch (or ended; bounded, then it
+    goes on anyway). The queries start one after another: a query's source runner is a
+    Python worker that must connect back to Spark within Spark's fixed 10 s, which it
+    can miss on a busy machine while other queries start or run their first
+    micro-batch."""
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and query.lastProgress is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     spark = session(args.master)
-    queries = [start_query(spark, args, table) for table in args.table]
+    queries = []
+    for table in args.table:
+        queries.append(start_query(spark, args, table))
+        started(queries[-1])
     try:
         while any(q.isActive for q in queries) and not any(q.exception() for q in queries):
             time.sleep(0.5)
