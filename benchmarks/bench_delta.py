@@ -4,11 +4,11 @@ For each size N (``--delta-sizes``): a table ``bench_delta_N.t`` (id INT PRIMARY
 qty, price DECIMAL(12,2), note VARCHAR, created DATETIME(6)) filled with N rows without
 the binlog (``sql_log_bin = 0``), and both mirrors' starting state written straight from
 the same rows (as an initial load or a snapshot would leave them): a Delta table
-(``canal_client.delta``'s layout: 32 MiB files) and the parquet mirror's first version
+(``canal_client.spark.delta``'s layout: 32 MiB files) and the parquet mirror's first version
 (``examples/spark_mirror.py``). Then ``--delta-batches`` rounds of ``--delta-changes``
 row changes go through the binlog: half updates, a quarter inserts of new ids, a
 quarter deletes, the updates and deletes among the 100,000 newest rows (an OLTP table's
-hot end; changes spread evenly over a table touch every file of it, see docs/delta.md).
+hot end; changes spread evenly over a table touch every file of it, see docs/spark.md).
 A node per table and mirror reads them; ``benchmarks/delta_job.py`` (its own SparkSession)
 runs a typed stream of each table twice, available-now with ``maxRowsPerTrigger`` = the changes per
 round: into ``DeltaMirror`` and into the parquet ``Mirror``. The figure is each
@@ -82,7 +82,7 @@ def _initial_mirrors(work: Path, table: str, rows: int) -> None:
     import pyarrow.parquet as pq
     from deltalake import write_deltalake
 
-    from canal_client.delta import TARGET_FILE_SIZE
+    from canal_client.spark.delta import TARGET_FILE_SIZE
 
     delta, parquet = work / "delta" / table, work / "parquet" / table / "v=-1"
     parquet.mkdir(parents=True)

@@ -2,7 +2,7 @@
 in its own process: one SparkSession (local[2]); for each table of ``--tables`` (a JSON
 list of {table, rows, expect}) two available-now typed streams with ``maxRowsPerTrigger``
 = ``--changes`` (each from its own node):
-into ``canal_client.delta.DeltaMirror`` (``<workdir>/delta``) and into
+into ``canal_client.spark.delta.DeltaMirror`` (``<workdir>/delta``) and into
 the parquet ``Mirror`` of ``examples/spark_mirror.py`` (``<workdir>/parquet``), whose
 starting states the part wrote. Per micro-batch: rows, ``addBatch`` ms (the
 ``foreachBatch`` call) and the batch's whole duration. At the end each mirror's row count
@@ -23,8 +23,8 @@ from typing import Any
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from canal_client.delta import DeltaMirror
 from canal_client.spark import local_session
+from canal_client.spark.delta import DeltaMirror
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "spark_mirror.py"
 

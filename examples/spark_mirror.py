@@ -7,9 +7,10 @@ typed streams.
         [--format delta]
 
 ``--format delta``: each micro-batch is MERGEd into the Delta table
-``<output>/<table>`` by ``canal_client.delta.DeltaMirror`` (the latest change per key,
-one Delta commit per micro-batch recording the query's app id and batch id: a replayed
-micro-batch is skipped; its cost follows the changes, not the table; docs/delta.md).
+``<output>/<table>`` by ``canal_client.spark.delta.DeltaMirror`` (the latest change per
+key, one Delta commit per micro-batch recording the query's app id and batch id: a
+replayed micro-batch is skipped; its cost follows the changes, not the table;
+docs/spark.md "Delta Lake mirror").
 The default, ``--format parquet``, is described below.
 
 One typed query per table (``.option("table", ...)``, client id ``<client-id>.<table>``,
@@ -26,7 +27,7 @@ fine for tables that fit a micro-batch's rewrite; larger ones want ``--format de
 
 After an ALTER TABLE the query stops (``SchemaChanged``); run the job again: the typed
 stream reads the new columns and the mirror's older rows get them (null when added,
-cast when retyped, gone when dropped; Delta: the rules of docs/delta.md, an incompatible
+cast when retyped, gone when dropped; Delta: the rules of docs/spark.md, an incompatible
 retype stops the job with ``IncompatibleChange`` naming the table and column).
 ``--trigger available-now`` applies what the destination has and exits; ``--trigger
 5s`` runs until Ctrl-C. At the end it prints the rows of each mirror.
@@ -47,8 +48,8 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from canal_client.delta import DeltaMirror
 from canal_client.spark import CanalOptions, fetch_table, local_session
+from canal_client.spark.delta import DeltaMirror
 
 CURRENT = "_current"
 EMPTYING = ("TRUNCATE", "ERASE")  # DDL rows after which the table is empty

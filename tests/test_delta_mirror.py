@@ -17,7 +17,7 @@ import pytest
 from delta_fixtures import by_key, delta_rows, duckdb_rows, typed_batch
 from deltalake import DeltaTable
 
-from canal_client.delta import Applied, DeltaMirror, plan_changes
+from canal_client.spark.delta import Applied, DeltaMirror, plan_changes
 from canal_protocol.errors import ConfigError, IncompatibleChange
 
 APP = "canal-ha-mirror:test-query"

@@ -1,4 +1,4 @@
-"""The Delta mirror (``canal_client.delta``) in real Spark streams from real nodes.
+"""The Delta mirror (``canal_client.spark.delta``) in real Spark streams from real nodes.
 
 * Every column type through a typed stream into Delta and back (deltalake and DuckDB
   alone), with a micro-batch whose Delta commit is done when the driver "dies" before
@@ -33,8 +33,8 @@ from test_spark_snapshot import snapshot_state, start_snapshot
 from test_spark_typed import _expected, _got, _prepare, _select
 from test_spark_typed_stream import _mysql_types, typed_query
 
-from canal_client.delta import Applied, DeltaMirror
-from canal_client.spark_schema import column_kind
+from canal_client.spark.delta import Applied, DeltaMirror
+from canal_client.spark.schema import column_kind
 from canal_cluster.retry import wait_until
 from canal_ha.sandbox import Sandbox
 

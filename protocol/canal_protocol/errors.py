@@ -298,6 +298,6 @@ class SchemaChanged(ClientError):
 
 
 class IncompatibleChange(SchemaChanged):
-    """The Delta mirror (``canal_client.delta``) cannot follow a table's new columns (a
+    """The Delta mirror (``canal_client.spark.delta``) cannot follow a table's new columns (a
     type that does not widen, a key column gone): the message names the table and the
     column; nothing of the micro-batch was written."""

@@ -23,7 +23,10 @@ The modules, one responsibility each:
 - ``progress``: the leader's binlog end and reader position (``/v1/health``);
 - ``ledger``: entries taken but not committed; ``prefetch``: the next batches in a thread;
 - ``rows``, ``arrow``, ``schema``: Spark rows and offsets, their Arrow decoding (on the
-  executors), the map and typed schemas.
+  executors), the map and typed schemas;
+- ``delta`` (with ``delta_plan``, ``delta_schema``): ``DeltaMirror``, a ``foreachBatch``
+  sink that MERGEs typed streams into Delta Lake tables (deltalake), imported from
+  ``canal_client.spark.delta`` only: the source's Python workers do not load deltalake.
 
 Entries are ordered by ``canal_protocol.ordering.EntryKey``.
 """

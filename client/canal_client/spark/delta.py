@@ -2,7 +2,7 @@
 
 ::
 
-    from canal_client.delta import DeltaMirror
+    from canal_client.spark.delta import DeltaMirror
 
     df = spark.readStream.format("canal").option("table", "shop.orders")...load()
     df.writeStream.foreachBatch(DeltaMirror("/lake/mirror", tables=["shop.orders"])) \\
@@ -25,9 +25,10 @@ after a driver restart or a leader change (the source replays the same rows) cha
 nothing; a micro-batch of several tables commits each table on its own, and a crash
 between two commits leaves the others to the replay.
 
-**Columns.** ``canal_client._delta_schema``: the types (TIME as microseconds) and the
+**Columns.** ``canal_client.spark.delta_schema``: the types (TIME as microseconds) and the
 evolution rules (ADD COLUMN, DROP COLUMN and widening MODIFY; anything else is
-``IncompatibleChange`` before anything is written). docs/delta.md has the details.
+``IncompatibleChange`` before anything is written). docs/spark.md "Delta Lake mirror" has
+the details.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
 
-from canal_client._delta_changes import NEEDED, TablePlan, plan_changes
-from canal_client._delta_schema import (
+from canal_client.spark.delta_plan import NEEDED, TablePlan, plan_changes
+from canal_client.spark.delta_schema import (
     Evolution,
     delta_array,
     delta_schema,
@@ -62,7 +63,7 @@ __all__ = [
     "query_app_id",
 ]
 
-log = logging.getLogger("canal_client.delta")
+log = logging.getLogger("canal_client.spark.delta")
 
 APP_ID_PREFIX = "canal-ha-mirror:"
 TARGET_FILE_SIZE = 32 * 1024 * 1024  # bytes: a MERGE rewrites whole files; keep them small

@@ -1,7 +1,7 @@
 """The Delta mirror's columns: the typed stream's Arrow types as Delta types, and which
 changes of a table's columns the mirror follows (``evolution``).
 
-A typed stream's ``after`` struct (``canal_client.spark_schema``) becomes the Delta
+A typed stream's ``after`` struct (``canal_client.spark.schema``) becomes the Delta
 table's columns, every one nullable, with the same values:
 
 =============================================  ===========================================
@@ -187,7 +187,8 @@ def evolution(
                 f"cannot convert exactly (its rows hold {old} values). Nothing of this "
                 "micro-batch was written. What to do: mirror the table anew (remove the Delta "
                 "table and the query's checkpoint, then run an incremental snapshot), or "
-                "change the column to a type that widens (docs/delta.md, Schema changes)"
+                "change the column to a type that widens (docs/spark.md, Delta mirror: "
+                "schema changes)"
             )
     missing = [k for k in keys if k not in want]
     if missing:
