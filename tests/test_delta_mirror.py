@@ -252,6 +252,17 @@ def test_key_bounds_hold_for_strings_decimals_and_quotes(tmp_path: Path) -> None
     assert sorted(k for (k, _), r in got.items() if r["v"] == 1) == sorted(["", "a'b", "😀", "zz`"])
 
 
+def test_decimal_keys_with_a_zero_of_many_fraction_digits(tmp_path: Path) -> None:
+    image = pa.struct([("k", pa.decimal128(30, 10)), ("v", pa.int32())])
+    sink = mirror(tmp_path)
+    keys = [Decimal("0E-10"), Decimal("-1.5"), Decimal("99999999999999999999.9999999999")]
+    sink.apply(typed_batch(image, [ins({"k": k, "v": 0}) for k in keys], ("k",)), 0, APP)
+    moved = [upd({"k": k, "v": 0}, {"k": k, "v": 1}) for k in keys[:2]]
+    sink.apply(typed_batch(image, moved, ("k",)), 1, APP)
+    got = by_key(rows_of(sink), ["k"])
+    assert {k: r["v"] for (k,), r in got.items()} == {keys[0]: 1, keys[1]: 1, keys[2]: 0}
+
+
 def test_added_dropped_and_widened_columns_evolve_the_table(tmp_path: Path) -> None:
     sink = mirror(tmp_path)
     v1 = pa.struct([

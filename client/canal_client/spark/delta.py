@@ -126,7 +126,7 @@ def _literal(value: Any, t: pa.DataType) -> str:
     if pa.types.is_integer(t):
         return str(int(value))
     if pa.types.is_decimal(t):
-        return f"CAST('{value}' AS DECIMAL({t.precision},{t.scale}))"
+        return f"CAST('{value:f}' AS DECIMAL({t.precision},{t.scale}))"  # never 0E-10
     return "'" + str(value).replace("'", "''") + "'"
 
 
