@@ -16,7 +16,8 @@ The default, ``--format parquet``, is described below.
 One typed query per table (``.option("table", ...)``, client id ``<client-id>.<table>``,
 checkpoint ``<checkpoint>/<table>``). Each micro-batch is applied with ``foreachBatch``:
 the latest change per primary key wins (binlog order), INSERT/UPDATE (and READ, the
-snapshot's rows) upsert the after image, DELETE removes the key, TRUNCATE and DROP
+snapshot's rows) upsert the after image, DELETE removes the key (and an UPDATE of the
+key removes the old one), TRUNCATE and DROP
 empty the table. The new state is written as a new version directory
 ``<output>/<table>/v=<batch id>`` and then made current by replacing the file
 ``<output>/<table>/_current`` (an atomic rename); a replayed micro-batch whose version
@@ -40,6 +41,8 @@ import os
 import shutil
 import sys
 import time
+from functools import reduce
+from operator import or_
 from pathlib import Path
 from typing import Any
 
@@ -133,9 +136,17 @@ def apply_changes(
         rows, state = rows.where(F.col("_seq") > cut), None
     row_image = F.coalesce(F.col("after"), F.col("before"))
     keyed = rows.select(
-        "_seq", "event_type", "after", *[row_image[k].alias(f"_k_{k}") for k in keys]
-    )
-    newest = Window.partitionBy(*[f"_k_{k}" for k in keys]).orderBy(F.col("_seq").desc())
+        (F.col("_seq") * 2 + 1).alias("_ord"), "event_type", "after",
+        *[row_image[k].alias(f"_k_{k}") for k in keys],
+    )  # fmt: skip
+    # an UPDATE that changes the key also deletes the old key, just before it
+    moved = reduce(or_, [F.col("before")[k] != F.col("after")[k] for k in keys])
+    old_keys = rows.where((F.col("event_type") == "UPDATE") & moved).select(
+        (F.col("_seq") * 2).alias("_ord"), F.lit("DELETE").alias("event_type"), "after",
+        *[F.col("before")[k].alias(f"_k_{k}") for k in keys],
+    )  # fmt: skip
+    keyed = keyed.unionByName(old_keys)
+    newest = Window.partitionBy(*[f"_k_{k}" for k in keys]).orderBy(F.col("_ord").desc())
     latest = keyed.withColumn("_n", F.row_number().over(newest)).where("_n = 1")
     upserts = latest.where(F.col("event_type") != "DELETE").select("after.*")
     if state is None:

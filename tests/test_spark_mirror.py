@@ -195,3 +195,22 @@ def test_apply_changes_reads_snapshot_rows_as_upserts_and_truncate_empties(
     )  # fmt: skip
     got = apply_changes(truncated, state, ["id"], struct).collect()
     assert [tuple(r) for r in got] == [(6, "y")]
+
+
+def test_apply_changes_moves_a_row_whose_key_changed(
+    spark: Any,  # noqa: F811
+) -> None:
+    spec = importlib.util.spec_from_file_location("spark_mirror", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    image = "struct<id:int,v:string>"
+    schema = f"_seq bigint, is_ddl boolean, event_type string, before {image}, after {image}"
+    state = spark.createDataFrame([(1, "a"), (2, "b")], "id int, v string")
+    batch = spark.createDataFrame(
+        [(0, False, "UPDATE", (1, "a"), (5, "a")), (1, False, "UPDATE", (2, "b"), (1, "b"))],
+        schema,
+    )  # id 1 moves to 5, then id 2 moves onto the freed 1
+    struct = batch.schema["after"].dataType
+    got = example.apply_changes(batch, state, ["id"], struct).orderBy("id").collect()
+    assert [tuple(r) for r in got] == [(1, "b"), (5, "a")]
