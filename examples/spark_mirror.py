@@ -231,13 +231,29 @@ def started(query: Any, timeout_s: float = 300.0) -> None:
         time.sleep(0.2)
 
 
+WORKER_START = "Python worker failed to connect back"
+START_TRIES = 3
+
+
+def start(spark: SparkSession, args: argparse.Namespace, table: str) -> Any:
+    """Start a table's query and wait for its first micro-batch; a query whose source
+    runner missed Spark's 10 s to connect back (nothing of it ran: its checkpoint is
+    as it was) is started again, up to ``START_TRIES`` times in all."""
+    for attempt in range(1, START_TRIES + 1):
+        query = start_query(spark, args, table)
+        started(query)
+        failure = None if query.isActive else query.exception()
+        if failure is None or WORKER_START not in str(failure) or attempt == START_TRIES:
+            return query
+        print(f"{table}: the source runner did not connect back in time; starting the "
+              f"query again ({attempt}/{START_TRIES - 1})", flush=True)  # fmt: skip
+    raise AssertionError("unreachable")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     spark = session(args.master)
-    queries = []
-    for table in args.table:
-        queries.append(start_query(spark, args, table))
-        started(queries[-1])
+    queries = [start(spark, args, table) for table in args.table]
     try:
         while any(q.isActive for q in queries) and not any(q.exception() for q in queries):
             time.sleep(0.5)
