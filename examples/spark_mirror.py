@@ -51,7 +51,13 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from canal_client.spark import CanalOptions, fetch_table, local_session
+from canal_client.spark import (
+    CanalOptions,
+    fetch_table,
+    local_session,
+    make_connector,
+    table_filter,
+)
 from canal_client.spark.delta import DeltaMirror
 
 CURRENT = "_current"
@@ -231,6 +237,21 @@ def started(query: Any, timeout_s: float = 300.0) -> None:
         time.sleep(0.2)
 
 
+def subscribe_all(args: argparse.Namespace) -> None:
+    """Subscribe every table's client id before the first query starts: a client id that
+    subscribes after another query acked starts at what the destination still holds
+    (``startingOffsets`` earliest), without the changes the others acked. A subscribed
+    client id keeps its cursor: a restarted job changes nothing here."""
+    for table in args.table:
+        options = CanalOptions.parse(source_options(args, table))
+        conn = make_connector(options, lookup=True)
+        try:
+            conn.connect()
+            conn.subscribe(table_filter(options), start=options.starting_offsets)
+        finally:
+            conn.disconnect()
+
+
 WORKER_START = "Python worker failed to connect back"
 START_TRIES = 3
 
@@ -253,6 +274,7 @@ def start(spark: SparkSession, args: argparse.Namespace, table: str) -> Any:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     spark = session(args.master)
+    subscribe_all(args)
     queries = [start(spark, args, table) for table in args.table]
     try:
         while any(q.isActive for q in queries) and not any(q.exception() for q in queries):
