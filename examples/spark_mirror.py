@@ -227,13 +227,14 @@ def start_query(spark: SparkSession, args: argparse.Namespace, table: str) -> An
 
 
 def started(query: Any, timeout_s: float = 300.0) -> None:
-    """Wait until the query has run its first micro-batch (or ended; bounded, then it
+    """Wait until the query's source runner is up (or the query ended; bounded, then it
     goes on anyway). The queries start one after another: a query's source runner is a
-    Python worker that must connect back to Spark within Spark's fixed 10 s, which it
-    can miss on a busy machine while other queries start or run their first
-    micro-batch."""
+    Python worker that must connect back to Spark within Spark's fixed 10 s, which
+    several starting at once on a busy machine can miss."""
     deadline = time.monotonic() + timeout_s
-    while query.isActive and query.lastProgress is None and time.monotonic() < deadline:
+    while query.isActive and query.status["message"] == "Initializing sources":
+        if time.monotonic() > deadline:
+            return
         time.sleep(0.2)
 
 
@@ -257,7 +258,7 @@ START_TRIES = 3
 
 
 def start(spark: SparkSession, args: argparse.Namespace, table: str) -> Any:
-    """Start a table's query and wait for its first micro-batch; a query whose source
+    """Start a table's query and wait for its source runner; a query whose source
     runner missed Spark's 10 s to connect back (nothing of it ran: its checkpoint is
     as it was) is started again, up to ``START_TRIES`` times in all."""
     for attempt in range(1, START_TRIES + 1):

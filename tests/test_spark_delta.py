@@ -236,7 +236,7 @@ def _decimal_to_int(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for r in rows]  # fmt: skip
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1500)
 def test_delta_mirror_equals_the_tables_through_leader_and_driver_kills(
     sandbox: Sandbox,
     node_cluster: Any,  # noqa: F811
@@ -272,7 +272,7 @@ def test_delta_mirror_equals_the_tables_through_leader_and_driver_kills(
         return min(committed_batches(ckpt / f"{db}.{t}") for t in tables)
 
     try:
-        wait_until(lambda: progress() >= 1, "a micro-batch of each table", 240)
+        wait_until(lambda: progress() >= 1, "a micro-batch of each table", 480)
         snapshot_id = start_snapshot(leader, f"{db}.stock")
         more = threading.Thread(target=writer.run, args=(80,))
         more.start()
@@ -287,7 +287,7 @@ def test_delta_mirror_equals_the_tables_through_leader_and_driver_kills(
     wait_until(lambda: snapshot_state(leader, snapshot_id)["state"] == "done", "the snapshot", 300)
     more_opts = ["--option", "batchSize=1000", "--option", "maxBatchesPerTrigger=10"]
     final = Driver([*args, "--trigger", "available-now", *more_opts], log, EXAMPLE)
-    assert final.wait(300) == 0, log.read_text()[-3000:]
+    assert final.wait(480) == 0, log.read_text()[-3000:]
     text = log.read_text()
     assert writer.moved > 3 and "Delta version" in text
     for table, keys in tables.items():
