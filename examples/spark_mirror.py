@@ -254,7 +254,7 @@ def subscribe_all(args: argparse.Namespace) -> None:
 
 
 WORKER_START = "Python worker failed to connect back"
-START_TRIES = 3
+START_TRIES = 5
 
 
 def start(spark: SparkSession, args: argparse.Namespace, table: str) -> Any:
@@ -269,6 +269,7 @@ def start(spark: SparkSession, args: argparse.Namespace, table: str) -> Any:
             return query
         print(f"{table}: the source runner did not connect back in time; starting the "
               f"query again ({attempt}/{START_TRIES - 1})", flush=True)  # fmt: skip
+        time.sleep(5.0 * attempt)  # a busy machine: let it calm down a little
     raise AssertionError("unreachable")
 
 
