@@ -92,7 +92,12 @@ def test_down_without_state_is_a_usage_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("args", "needle"),
-    [(["up", "--etcd-members", "2"], "--etcd-members"), (["up", "--nodes", "-1"], "--nodes")],
+    [
+        (["up", "--etcd-members", "2"], "--etcd-members"),
+        (["up", "--nodes", "-1"], "--nodes"),
+        (["up", "--secure", "--client-ids", "c1,running"], "--client-ids"),
+        (["up", "--client-ids", "c2"], "--client-ids: needs --secure"),
+    ],
 )
 def test_bad_arguments_exit_2_naming_the_option(args: list[str], needle: str) -> None:
     res = run_cli(*args)

@@ -20,6 +20,7 @@ from canal_ha.console import say
 from canal_ha.sandbox import STATE_FILE, Sandbox
 from canal_ha.sandbox.ports import free_port
 from canal_ha.sandbox.process import ManagedProcess
+from canal_ha.sandbox.secure import SECRETS_DIR, SecureSetup
 from canal_protocol.errors import ConfigError, RetryExhausted, SandboxStartError, SandboxStateError
 
 __all__ = ["DEFAULT_WORKDIR", "demo", "down", "register", "up"]
@@ -42,6 +43,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--etcd-members", type=int, choices=(1, 3), default=1)
     p.add_argument("--standby", action="store_true", help="also start a GTID replica")
     p.add_argument("--detach", action="store_true", help="return once everything is up")
+    p.add_argument("--secure", action="store_true",
+                   help="production security: etcd over TLS with client certificates and "
+                        "users, MariaDB requiring TLS, admin and consumer tokens, every secret "
+                        "a 0600 file under WORKDIR/secrets (docs/operations.md)")  # fmt: skip
+    p.add_argument("--client-ids", type=_client_ids, default=("c1",), metavar="IDS",
+                   help="with --secure: client ids the consumers' etcd user may hold "
+                        "exclusively (comma separated; default c1)")  # fmt: skip
     p.set_defaults(func=up)
 
     p = sub.add_parser("down", help="stop what `up` started in a workdir, by pid")
@@ -60,6 +68,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    metavar="S", help="SIGKILL the leader after S s (default 10): failover "
                                      "without loss")  # fmt: skip
     p.set_defaults(func=demo)
+
+
+def _client_ids(text: str) -> tuple[str, ...]:
+    """argparse type: comma-separated client ids, each a valid one."""
+    from canal_cluster.keys import Keys
+    from canal_protocol.errors import InvalidArgument
+
+    ids = tuple(i.strip() for i in text.split(",") if i.strip())
+    if not ids:
+        raise argparse.ArgumentTypeError("give at least one client id")
+    for cid in ids:
+        try:
+            Keys().client_prefix(DESTINATION, cid)
+        except InvalidArgument as exc:
+            raise argparse.ArgumentTypeError(f"{cid!r}: {exc}") from None
+    return ids
 
 
 @contextlib.contextmanager
@@ -98,22 +122,42 @@ def _refuse_if_running(workdir: Path) -> None:
         )
 
 
-def start_sandbox(workdir: Path, etcd_members: int, standby: bool) -> Sandbox:
+def _refuse_other_mode(workdir: Path, secure: SecureSetup | None) -> None:
+    """A workdir set up with --secure keeps etcd's auth and its secrets: no plain start."""
+    if secure is None and (workdir / SECRETS_DIR).is_dir():
+        raise ConfigError(
+            "--secure",
+            f"{workdir} was set up with --secure (etcd has auth on, the users' passwords "
+            f"are in {workdir / SECRETS_DIR}): run `canal-ha up --secure --workdir "
+            f"{workdir}`, or use another --workdir",
+        )
+
+
+def start_sandbox(
+    workdir: Path, etcd_members: int, standby: bool, secure: SecureSetup | None = None
+) -> Sandbox:
     _refuse_if_running(workdir)
+    _refuse_other_mode(workdir, secure)
     t0 = time.monotonic()
-    box = Sandbox(workdir, etcd_members=etcd_members, standby=standby).start()
+    box = Sandbox(workdir, etcd_members=etcd_members, standby=standby, secure=secure).start()
     say(f"canal-ha sandbox up in {time.monotonic() - t0:.1f}s ({box.workdir})")
     return box
 
 
 def print_summary(box: Sandbox, nodes: list[dict[str, Any]]) -> None:
     etcd = box.etcd_cluster
-    rows = [("etcd", f"{','.join(etcd.endpoints)}  ({len(etcd.members)} member(s))")]
+    secured = "; client certificates, users" if box.secure is not None else ""
+    rows = [("etcd", f"{','.join(etcd.endpoints)}  ({len(etcd.members)} member(s){secured})")]
     for db in (box.primary_db, box.standby_db):
         if db is not None:
             d = db.dsn()
-            rows.append((db.name, f"{d['url']}  server_id={d['server_id']}  pid {db.process.pid}"))
+            tls = "  TLS required" if db.tls is not None else ""
+            rows.append(
+                (db.name, f"{d['url']}  server_id={d['server_id']}  pid {db.process.pid}{tls}")
+            )
     rows.append(("app", f"{box.primary.app_dsn()['url']}  (read-write: write your data here)"))
+    if box.secure is not None:
+        rows += box.secure.summary(box.etcd_endpoints)
     for n in nodes:
         rows.append(
             (n["name"], f"{n['url']}  canal {n['canal']}  pid {n['pid']}  config {n['config']}")
@@ -140,13 +184,14 @@ def _node_config(box: Sandbox, node_id: str, port: int, canal_port: int) -> dict
         standby = box.standby_db.dsn()
         dest["standby"] = {"address": f"{standby['host']}:{standby['port']}"}
         dest["gtid_mode"] = True
-    return {
+    config = {
         "node": {"id": node_id, "listen": f"127.0.0.1:{port}",
                  "advertise_url": f"http://127.0.0.1:{port}"},
         "etcd": {"endpoints": box.etcd_endpoints, "prefix": "/canal"},
         "canal": {"listen": f"127.0.0.1:{canal_port}"},
         "destinations": {DESTINATION: dest},
     }  # fmt: skip
+    return box.secure.node_config(config) if box.secure is not None else config
 
 
 def start_nodes(box: Sandbox, count: int) -> list[dict[str, Any]]:
@@ -278,7 +323,7 @@ def up(args: argparse.Namespace) -> int:
     _import_node_config(args.nodes)
     with _sigterm_as_interrupt():
         try:
-            box = start_sandbox(args.workdir, args.etcd_members, args.standby)
+            box = start_sandbox(args.workdir, args.etcd_members, args.standby, _secure(args))
             started.append(box)
             _serve_up(box, args)
             if args.detach:
@@ -288,6 +333,15 @@ def up(args: argparse.Namespace) -> int:
         finally:
             _stop_all(started)
     return 0
+
+
+def _secure(args: argparse.Namespace) -> SecureSetup | None:
+    """``--secure``'s setup for the workdir (``--client-ids`` needs it)."""
+    if not args.secure:
+        if args.client_ids != ("c1",):
+            raise ConfigError("--client-ids", "needs --secure")
+        return None
+    return SecureSetup(args.workdir.resolve() / SECRETS_DIR, DESTINATION, args.client_ids)
 
 
 def _stop_all(boxes: list[Sandbox]) -> None:

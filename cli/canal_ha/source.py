@@ -5,9 +5,9 @@ Every command that talks to a running cluster (``consume``, ``status``, ``step-d
 the TLS and user options of a secured etcd: ``--etcd-cacert``, ``--etcd-cert``,
 ``--etcd-key``, ``--etcd-user``, the password from ``$CANAL_ETCD_PASSWORD`` or
 ``--etcd-password-file``, never on the command line) or ``--server`` node URLs, and a
-bearer ``--token`` (default ``$CANAL_TOKEN``). ``leader_url`` is the one way a command
-finds a destination's leader: its running key in etcd, or a node URL (which answers
-307 to the leader).
+bearer token (``--token``, ``--token-file`` or ``$CANAL_TOKEN``). ``leader_url`` is the
+one way a command finds a destination's leader: its running key in etcd, or a node URL
+(which answers 307 to the leader).
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ def add_source_options(p: argparse.ArgumentParser, server_help: str = "") -> Non
                      help=server_help or "server URL(s), comma separated")  # fmt: skip
     p.add_argument("--prefix", default=DEFAULT_PREFIX, help="etcd key prefix")
     p.add_argument("--token", default=None, help=f"bearer token (default: ${TOKEN_ENV})")
+    p.add_argument("--token-file", default="", help="file holding the bearer token")
     p.add_argument("--etcd-cacert", default="", help="CA of etcd's certificate (https://)")
     p.add_argument("--etcd-cert", default="", help="TLS client certificate for etcd")
     p.add_argument("--etcd-key", default="", help="its key")
@@ -82,18 +83,27 @@ def add_source_options(p: argparse.ArgumentParser, server_help: str = "") -> Non
 
 
 def token(args: argparse.Namespace) -> str | None:
-    """The bearer token: ``--token``, else ``$CANAL_TOKEN``, else none."""
-    return str(args.token or os.environ.get(TOKEN_ENV) or "") or None
+    """The bearer token: ``--token``, else ``--token-file``'s content (one trailing
+    newline off), else ``$CANAL_TOKEN``, else none."""
+    if args.token:
+        return str(args.token)
+    if args.token_file:
+        return _read_secret("--token-file", args.token_file) or None
+    return os.environ.get(TOKEN_ENV) or None
+
+
+def _read_secret(option: str, path: str) -> str:
+    try:
+        return Path(path).read_text().removesuffix("\n")
+    except OSError as exc:
+        raise ConfigError(option, f"cannot read it: {exc.strerror}") from None
 
 
 def etcd_security(args: argparse.Namespace) -> Any:
     """The ``EtcdSecurity`` of the ``--etcd-*`` options (None when none is given)."""
     password = os.environ.get(ETCD_PASSWORD_ENV, "")
     if args.etcd_password_file:
-        try:
-            password = Path(args.etcd_password_file).read_text().removesuffix("\n")
-        except OSError as exc:
-            raise ConfigError("--etcd-password-file", f"cannot read it: {exc.strerror}") from None
+        password = _read_secret("--etcd-password-file", args.etcd_password_file)
     if not (args.etcd_cacert or args.etcd_cert or args.etcd_key or args.etcd_user):
         return None
     from canal_cluster.etcd_security import EtcdSecurity

@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ __all__ = [
     "CANAL_USER",
     "REPL_PASSWORD",
     "REPL_USER",
+    "DbPasswords",
     "MariaDBServer",
 ]
 
@@ -60,6 +62,29 @@ TUNING_FLAGS = (
 )
 
 
+@dataclass(frozen=True)
+class DbPasswords:
+    """The passwords of the sandbox's users: the fixed ones, or (``canal-ha up --secure``)
+    each read from a file of its own; ``files`` (user → path) is then what cluster.json
+    and the summary name instead of the value."""
+
+    repl: str = field(default=REPL_PASSWORD, repr=False)
+    canal: str = field(default=CANAL_PASSWORD, repr=False)
+    app: str = field(default=APP_PASSWORD, repr=False)
+    files: tuple[tuple[str, Path], ...] = ()
+
+    @classmethod
+    def from_files(cls, files: Mapping[str, Path | str]) -> DbPasswords:
+        """Each of ``repl``, ``canal``, ``app`` from its file (one trailing newline off)."""
+        paths = {user: Path(files[user]) for user in (REPL_USER, CANAL_USER, APP_USER)}
+        values = {u: p.read_text().removesuffix("\n") for u, p in paths.items()}
+        return cls(values[REPL_USER], values[CANAL_USER], values[APP_USER],
+                   tuple(paths.items()))  # fmt: skip
+
+    def file_of(self, user: str) -> Path | None:
+        return dict(self.files).get(user)
+
+
 def _binary(name: str) -> str:
     found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin:/sbin")
     if found is None:
@@ -85,6 +110,7 @@ class MariaDBServer:
     server_id: int
     port: int
     tls: ServerTls | None = None
+    passwords: DbPasswords = field(default_factory=DbPasswords)
     process: ManagedProcess = field(init=False)
 
     def __post_init__(self) -> None:
@@ -140,24 +166,27 @@ class MariaDBServer:
     def dsn(self) -> dict[str, Any]:
         """Connection facts for the canal user over TCP (what a server node uses)."""
         return {
-            "host": "127.0.0.1",
-            "port": self.port,
-            "user": CANAL_USER,
-            "password": CANAL_PASSWORD,
+            **self._user_dsn(CANAL_USER, self.passwords.canal),
             "server_id": self.server_id,
             "socket": str(self.socket),
-            "url": f"mysql://{CANAL_USER}:{CANAL_PASSWORD}@127.0.0.1:{self.port}",
         }
 
     def app_dsn(self) -> dict[str, Any]:
         """The read-write application user over TCP: where test data is written."""
-        return {
-            "host": "127.0.0.1",
-            "port": self.port,
-            "user": APP_USER,
-            "password": APP_PASSWORD,
-            "url": f"mysql://{APP_USER}:{APP_PASSWORD}@127.0.0.1:{self.port}",
-        }
+        return self._user_dsn(APP_USER, self.passwords.app)
+
+    def _user_dsn(self, user: str, password: str) -> dict[str, Any]:
+        """host, port, user, password and a URL; a password kept in a file stays out of
+        the URL, which ``password_file`` then accompanies."""
+        out: dict[str, Any] = {"host": "127.0.0.1", "port": self.port, "user": user,
+                               "password": password}  # fmt: skip
+        password_file = self.passwords.file_of(user)
+        if password_file is None:
+            out["url"] = f"mysql://{user}:{password}@127.0.0.1:{self.port}"
+        else:
+            out["url"] = f"mysql://{user}@127.0.0.1:{self.port}"
+            out["password_file"] = str(password_file)
+        return out
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -259,15 +288,20 @@ class MariaDBServer:
     def create_users(self) -> None:
         """The replication user (for replicas), the canal user (for server nodes) and the
         app user: every privilege on the databases but the system schemas (create schemas
-        and tables, write rows), none on the server (no users, no replication)."""
+        and tables, write rows), none on the server (no users, no replication). Passwords
+        from files are set again at every start (a plain workdir may turn secure)."""
+        pw = self.passwords
+        users = ((REPL_USER, pw.repl), (CANAL_USER, pw.canal), (APP_USER, pw.app))
+        accounts = [
+            f"CREATE USER IF NOT EXISTS '{u}'@'127.0.0.1' IDENTIFIED BY '{p}'" for u, p in users
+        ]
+        if pw.files:
+            accounts += [f"ALTER USER '{u}'@'127.0.0.1' IDENTIFIED BY '{p}'" for u, p in users]
         self.execute(
-            f"CREATE USER IF NOT EXISTS '{REPL_USER}'@'127.0.0.1' IDENTIFIED BY '{REPL_PASSWORD}'",
+            *accounts,
             f"GRANT REPLICATION SLAVE ON *.* TO '{REPL_USER}'@'127.0.0.1'",
-            f"CREATE USER IF NOT EXISTS '{CANAL_USER}'@'127.0.0.1' "
-            f"IDENTIFIED BY '{CANAL_PASSWORD}'",
             f"GRANT SELECT, REPLICATION SLAVE, BINLOG MONITOR, SLAVE MONITOR ON *.* "
             f"TO '{CANAL_USER}'@'127.0.0.1'",
-            f"CREATE USER IF NOT EXISTS '{APP_USER}'@'127.0.0.1' IDENTIFIED BY '{APP_PASSWORD}'",
             f"GRANT ALL PRIVILEGES ON `%`.* TO '{APP_USER}'@'127.0.0.1'",
             # an exact name wins over `%`: the system schemas stay read-only for app
             *(f"GRANT SELECT ON `{db}`.* TO '{APP_USER}'@'127.0.0.1'" for db in SYSTEM_SCHEMAS),
@@ -279,7 +313,7 @@ class MariaDBServer:
         self.execute(
             "STOP SLAVE",
             f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={primary.port}, "
-            f"MASTER_USER='{REPL_USER}', MASTER_PASSWORD='{REPL_PASSWORD}', "
+            f"MASTER_USER='{REPL_USER}', MASTER_PASSWORD='{primary.passwords.repl}', "
             f"MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1{ssl}",
             "START SLAVE",
         )

@@ -3,6 +3,10 @@
 ``Sandbox.start()`` brings every part up (readiness checks, never sleeps) and writes
 ``workdir/cluster.json``; ``Sandbox.load(workdir)`` rebuilds the handles from that
 file in another process so ``stop()`` works by the recorded pids.
+
+``secure``: etcd on https with client certificates and users, MariaDB requiring TLS,
+every secret a 0600 file under ``workdir/secrets`` (``canal_ha.sandbox.secure``);
+cluster.json then names the files, never a password.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from canal_ha.sandbox.etcd import EtcdCluster, EtcdMember
-from canal_ha.sandbox.mariadb import MariaDBServer
+from canal_ha.sandbox.mariadb import DbPasswords, MariaDBServer
 from canal_ha.sandbox.ports import free_port
 from canal_ha.sandbox.process import ManagedProcess, ProcessRecord
+from canal_ha.sandbox.secure import SecureSetup
 from canal_ha.sandbox.tls import ServerTls
 from canal_protocol.errors import SandboxError, SandboxStateError
 
@@ -42,6 +47,8 @@ class Sandbox:
     extra: list[ManagedProcess] = field(default_factory=list)
     started_at: float = 0.0
     tls: ServerTls | None = None  # https etcd, MariaDB requiring TLS (sandbox/tls.py)
+    secure: SecureSetup | None = None  # tls, etcd users, secrets in files (sandbox/secure.py)
+    db_passwords: DbPasswords = field(default_factory=DbPasswords)
 
     # -- start / stop -----------------------------------------------------------
 
@@ -49,6 +56,10 @@ class Sandbox:
         """Start every part; on failure stop what started and re-raise (names the part)."""
         self.workdir = self.workdir.resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.secure is not None:
+            os.chmod(self.workdir, 0o700)  # MariaDB's root socket and the secrets are in it
+            self.secure.create()
+            self.tls, self.db_passwords = self.secure.server_tls(), self.secure.db_passwords()
         t0 = time.monotonic()
         try:
             self._start_parts()
@@ -63,15 +74,19 @@ class Sandbox:
     def _start_parts(self) -> None:
         self.etcd = EtcdCluster(self.workdir / "etcd", self.etcd_members, tls=self.tls)
         self.etcd.start()
+        if self.secure is not None:
+            self.secure.enable_etcd_auth(self.etcd.endpoints)
         self.primary_db = MariaDBServer(
-            "primary", self.workdir / "primary", PRIMARY_SERVER_ID, free_port(), tls=self.tls
-        )
+            "primary", self.workdir / "primary", PRIMARY_SERVER_ID, free_port(), tls=self.tls,
+            passwords=self.db_passwords,
+        )  # fmt: skip
         self.primary_db.start()
         self.primary_db.create_users()
         if self.standby:
             self.standby_db = MariaDBServer(
-                "standby", self.workdir / "standby", STANDBY_SERVER_ID, free_port(), tls=self.tls
-            )
+                "standby", self.workdir / "standby", STANDBY_SERVER_ID, free_port(),
+                tls=self.tls, passwords=self.db_passwords,
+            )  # fmt: skip
             self.standby_db.start()
             self.standby_db.replicate_from(self.primary_db)
             self.standby_db.wait_caught_up(self.primary_db)
@@ -133,6 +148,7 @@ class Sandbox:
             "stopped": stopped,
             "owner_pid": os.getpid(),
             "tls": self.tls.to_json() if self.tls is not None else None,
+            "secure": self.secure.to_json() if self.secure is not None else None,
             "etcd": {
                 "endpoints": etcd.endpoints,
                 "members": [_member_state(m) for m in etcd.members],
@@ -195,19 +211,25 @@ def _db_state(db: MariaDBServer | None, app: bool = False) -> dict[str, Any] | N
     state = {
         "name": db.name,
         "dir": str(db.root),
-        **db.dsn(),
+        **_no_secret(db.dsn()),
         "error_log": str(db.error_log),
         "log": str(db.process.log_path),
         "pid": db.process.pid,
     }
     if app:
-        state["app"] = db.app_dsn()
+        state["app"] = _no_secret(db.app_dsn())
     return state
+
+
+def _no_secret(dsn: dict[str, Any]) -> dict[str, Any]:
+    """A DSN without the password when a file holds it (``password_file`` names it)."""
+    return {k: v for k, v in dsn.items() if k != "password" or "password_file" not in dsn}
 
 
 def _from_state(workdir: Path, data: dict[str, Any]) -> Sandbox:
     try:
         tls = ServerTls.from_json(data.get("tls"))
+        secure = SecureSetup.from_json(data.get("secure"))
         etcd = EtcdCluster(
             workdir / "etcd",
             len(data["etcd"]["members"]),
@@ -215,7 +237,9 @@ def _from_state(workdir: Path, data: dict[str, Any]) -> Sandbox:
             tls=tls,
         )
         dbs = data["mariadb"]
-        box = _sandbox_from(workdir, etcd, dbs, tls)
+        passwords = _passwords_of(secure)
+        box = _sandbox_from(workdir, etcd, dbs, tls, passwords)
+        box.secure = secure
         box.extra = [
             ManagedProcess.adopt(ProcessRecord.from_json(r)) for r in data.get("extra", [])
         ]
@@ -225,11 +249,27 @@ def _from_state(workdir: Path, data: dict[str, Any]) -> Sandbox:
     return box
 
 
+def _passwords_of(secure: SecureSetup | None) -> DbPasswords:
+    """The database passwords from their files; the fixed ones when there are none (or
+    they are gone: stopping by pid needs no password)."""
+    if secure is None:
+        return DbPasswords()
+    try:
+        return secure.db_passwords()
+    except OSError as exc:
+        log.warning("the sandbox's database passwords are unreadable: %s", exc)
+        return DbPasswords()
+
+
 def _sandbox_from(
-    workdir: Path, etcd: EtcdCluster, dbs: dict[str, Any], tls: ServerTls | None
+    workdir: Path,
+    etcd: EtcdCluster,
+    dbs: dict[str, Any],
+    tls: ServerTls | None,
+    passwords: DbPasswords,
 ) -> Sandbox:
-    primary = _db_from(dbs["primary"], tls)
-    standby = _db_from(dbs["standby"], tls) if dbs.get("standby") else None
+    primary = _db_from(dbs["primary"], tls, passwords)
+    standby = _db_from(dbs["standby"], tls, passwords) if dbs.get("standby") else None
     return Sandbox(
         workdir,
         etcd_members=etcd.size,
@@ -238,6 +278,7 @@ def _sandbox_from(
         standby_db=standby,
         etcd=etcd,
         tls=tls,
+        db_passwords=passwords,
     )
 
 
@@ -255,7 +296,9 @@ def _member_from(m: dict[str, Any], tls: ServerTls | None) -> EtcdMember:
     return member
 
 
-def _db_from(d: dict[str, Any], tls: ServerTls | None) -> MariaDBServer:
-    db = MariaDBServer(d["name"], Path(d["dir"]), int(d["server_id"]), int(d["port"]), tls)
+def _db_from(d: dict[str, Any], tls: ServerTls | None, passwords: DbPasswords) -> MariaDBServer:
+    db = MariaDBServer(
+        d["name"], Path(d["dir"]), int(d["server_id"]), int(d["port"]), tls, passwords
+    )
     db.process.pid = d["pid"]
     return db
