@@ -97,6 +97,7 @@ def test_down_without_state_is_a_usage_error(tmp_path: Path) -> None:
         (["up", "--nodes", "-1"], "--nodes"),
         (["up", "--secure", "--client-ids", "c1,running"], "--client-ids"),
         (["up", "--client-ids", "c2"], "--client-ids: needs --secure"),
+        (["up", "--secure", "--workdir", "/tmp/" + "w" * 90], "--workdir: "),  # its socket
     ],
 )
 def test_bad_arguments_exit_2_naming_the_option(args: list[str], needle: str) -> None:

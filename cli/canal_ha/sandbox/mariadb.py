@@ -31,6 +31,7 @@ __all__ = [
     "REPL_USER",
     "DbPasswords",
     "MariaDBServer",
+    "socket_path",
 ]
 
 REPL_USER, REPL_PASSWORD = "repl", "repl-secret"
@@ -92,7 +93,7 @@ def _binary(name: str) -> str:
     return found
 
 
-def _socket_path(root: Path) -> Path:
+def socket_path(root: Path) -> Path:
     """Unix socket paths are limited to ~107 bytes; long workdirs get one in /tmp."""
     path = root / "mysqld.sock"
     if len(str(path)) < 100:
@@ -124,7 +125,7 @@ class MariaDBServer:
 
     @property
     def socket(self) -> Path:
-        return _socket_path(self.root)
+        return socket_path(self.root)
 
     @property
     def tmpdir(self) -> Path:

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from canal_ha.sandbox.etcd import EtcdCluster, EtcdMember
-from canal_ha.sandbox.mariadb import DbPasswords, MariaDBServer
+from canal_ha.sandbox.mariadb import DbPasswords, MariaDBServer, socket_path
 from canal_ha.sandbox.ports import free_port
 from canal_ha.sandbox.process import ManagedProcess, ProcessRecord
 from canal_ha.sandbox.secure import SecureSetup
 from canal_ha.sandbox.tls import ServerTls
-from canal_protocol.errors import SandboxError, SandboxStateError
+from canal_protocol.errors import ConfigError, SandboxError, SandboxStateError
 
 __all__ = ["STATE_FILE", "Sandbox"]
 
@@ -55,6 +55,8 @@ class Sandbox:
     def start(self) -> Sandbox:
         """Start every part; on failure stop what started and re-raise (names the part)."""
         self.workdir = self.workdir.resolve()
+        if self.secure is not None:
+            _check_socket_private(self.workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.secure is not None:
             os.chmod(self.workdir, 0o700)  # MariaDB's root socket and the secrets are in it
@@ -181,6 +183,18 @@ class Sandbox:
         except (OSError, ValueError) as exc:
             raise SandboxStateError(f"{path} is unreadable: {exc}") from exc
         return _from_state(path.parent, data)
+
+
+def _check_socket_private(workdir: Path) -> None:
+    """Root's password-less unix socket must lie in the 0700 workdir (a long workdir
+    moves it to the shared temp dir)."""
+    socket = socket_path(workdir / "primary")
+    if not socket.is_relative_to(workdir):
+        raise ConfigError(
+            "--workdir",
+            f"{workdir} is too long for MariaDB's unix socket to lie inside it (it would be "
+            f"{socket}, open to every local user): use a shorter path",
+        )
 
 
 def _stop_quietly(proc: ManagedProcess) -> bool:
