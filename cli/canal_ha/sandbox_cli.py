@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="production security: etcd over TLS with client certificates and "
                         "users, MariaDB requiring TLS, admin and consumer tokens, every secret "
                         "a 0600 file under WORKDIR/secrets (docs/operations.md)")  # fmt: skip
-    p.add_argument("--client-ids", type=_client_ids, default=("c1",), metavar="IDS",
+    p.add_argument("--client-ids", type=_client_ids, default=None, metavar="IDS",
                    help="with --secure: client ids the consumers' etcd user may hold "
                         "exclusively (comma separated; default c1)")  # fmt: skip
     p.set_defaults(func=up)
@@ -338,10 +338,11 @@ def up(args: argparse.Namespace) -> int:
 def _secure(args: argparse.Namespace) -> SecureSetup | None:
     """``--secure``'s setup for the workdir (``--client-ids`` needs it)."""
     if not args.secure:
-        if args.client_ids != ("c1",):
+        if args.client_ids is not None:
             raise ConfigError("--client-ids", "needs --secure")
         return None
-    return SecureSetup(args.workdir.resolve() / SECRETS_DIR, DESTINATION, args.client_ids)
+    ids = args.client_ids or SecureSetup.client_ids
+    return SecureSetup(args.workdir.resolve() / SECRETS_DIR, DESTINATION, ids)
 
 
 def _stop_all(boxes: list[Sandbox]) -> None:

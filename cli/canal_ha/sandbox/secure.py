@@ -3,18 +3,17 @@
 Under ``workdir/secrets/`` (0700), each secret a file of its own, 0600, never printed
 nor written into a config (node configs name them with ``{ file = ... }``):
 
-========================  ===============================================================
-``ca.crt`` / ``ca.key``   the sandbox's CA (it signs every certificate below)
-``server.crt`` / ``.key`` etcd's and MariaDB's certificate (127.0.0.1, localhost)
-``etcd-root.crt``/``.key`` CN root: etcd's administrator, used only to set up the users
-``node.crt`` / ``.key``   CN canal-node: the server nodes' etcd client certificate
-``client.crt`` / ``.key`` CN canal-client: consumers', the tools' and Spark's
-``etcd-*.password``       the etcd users root, canal-node, canal-client
-``db-*.password``         the MariaDB users canal (nodes), app (your writes), repl
-``admin.token``           ``[[auth.admin]]``: every REST right (step-down, snapshots,
-                          the console's actions)
-``consumer.token``        ``[[auth.consumer]]`` limited to the destination
-========================  ===============================================================
+- ``ca.crt``, ``ca.key``: the sandbox's CA (it signs every certificate below);
+- ``server.crt``, ``.key``: etcd's and MariaDB's certificate (127.0.0.1, localhost);
+- ``etcd-root.crt``, ``.key``: CN root, etcd's administrator, only to set up the users;
+- ``node.crt``, ``.key``: CN canal-node, the server nodes' etcd client certificate;
+- ``client.crt``, ``.key``: CN canal-client, the consumers', the tools' and Spark's;
+- ``etcd-{root,node,client}.password``: the etcd users root, canal-node, canal-client;
+- ``db-{canal,app,repl}.password``: the MariaDB users canal (nodes), app (your writes),
+  repl (a standby);
+- ``admin.token``: ``[[auth.admin]]``, every REST right (step-down, snapshots, the
+  console's actions); ``consumer.token``: ``[[auth.consumer]]`` limited to the
+  destination.
 
 etcd serves https only, asks for client certificates (``--client-cert-auth``) and has
 auth on with the users of ``etcd_users()``: ``canal-node`` readwrite on the prefix,
@@ -45,8 +44,7 @@ __all__ = ["CLIENT_USER", "NODE_USER", "SECRETS_DIR", "SecureSetup"]
 
 SECRETS_DIR = "secrets"
 NODE_USER, CLIENT_USER = "canal-node", "canal-client"
-_PASSWORDS = ("etcd-root", "etcd-node", "etcd-client", *(f"db-{u}" for u in
-              (CANAL_USER, APP_USER, REPL_USER)))  # fmt: skip
+_PASSWORDS = ("etcd-root", "etcd-node", "etcd-client", "db-canal", "db-app", "db-repl")
 _TOKENS = ("admin", "consumer")
 _CERT_OF = {"root": "etcd-root", NODE_USER: "node", CLIENT_USER: "client"}  # etcd user: pair
 
@@ -96,8 +94,8 @@ class SecureSetup:
 
     def secret_files(self) -> list[Path]:
         """Every file that must stay private: keys, passwords, tokens."""
-        keys = [self.ca.key, *(self.pair(n).key for n in ("server", "etcd-root", "node",
-                                                          "client"))]  # fmt: skip
+        pairs = ("server", "etcd-root", "node", "client")
+        keys = [self.ca.key, *(self.pair(n).key for n in pairs)]
         return [*keys, *map(self.password_file, _PASSWORDS), *map(self.token_file, _TOKENS)]
 
     # -- the servers --------------------------------------------------------------------
@@ -179,16 +177,6 @@ class SecureSetup:
             "--etcd-user", CLIENT_USER,
             "--etcd-password-file", str(self.password_file("etcd-client")),
         ]  # fmt: skip
-
-    def spark_options(self) -> dict[str, str]:
-        """The Spark source's options for the same user (docs/spark.md), token included."""
-        client = self.pair("client")
-        return {
-            "etcdCaFile": str(self.ca.cert), "etcdCertFile": str(client.cert),
-            "etcdKeyFile": str(client.key), "etcdUser": CLIENT_USER,
-            "etcdPasswordFile": str(self.password_file("etcd-client")),
-            "tokenFile": str(self.token_file("consumer")),
-        }  # fmt: skip
 
     def summary(self, endpoints: list[str]) -> list[tuple[str, str]]:
         """``canal-ha up``'s lines: where each certificate and secret lives (names in
