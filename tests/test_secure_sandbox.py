@@ -32,6 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
 from spark_fixtures import spark  # noqa: F401  (fixture)
 
 from canal_ha.sandbox.secure import SecureSetup
@@ -172,6 +173,7 @@ def test_the_page_shows_every_command_and_the_comparison_sees_a_change() -> None
     assert shown_lines_missing(handover, shown.replace("->", "=>"), Path("/w")) == [shown]
 
 
+@pytest.mark.timeout(900)  # a sandbox, a Spark query and a second start on a loaded machine
 def test_the_secure_sandbox_walkthrough_runs_as_the_page_shows(
     tmp_path: Path,
     spark: Any,  # noqa: F811
