@@ -13,7 +13,9 @@ nor written into a config (node configs name them with ``{ file = ... }``):
   repl (a standby);
 - ``admin.token``: ``[[auth.admin]]``, every REST right (step-down, snapshots, the
   console's actions); ``consumer.token``: ``[[auth.consumer]]`` limited to the
-  destination.
+  destination;
+- ``canal.password``: the password of Canal's TCP user ``canal`` (what a Canal client
+  logs in with); ``canal.passwd``: its hash, the nodes' ``[canal] passwd``.
 
 etcd serves https only, asks for client certificates (``--client-cert-auth``) and has
 auth on with the users of ``etcd_users()``: ``canal-node`` readwrite on the prefix,
@@ -40,11 +42,12 @@ from canal_ha.sandbox.pki import Pair, issue, make_ca
 from canal_ha.sandbox.tls import ServerTls
 from canal_protocol.errors import SandboxStartError
 
-__all__ = ["CLIENT_USER", "NODE_USER", "SECRETS_DIR", "SecureSetup"]
+__all__ = ["CANAL_TCP_USER", "CLIENT_USER", "NODE_USER", "SECRETS_DIR", "SecureSetup"]
 
 SECRETS_DIR = "secrets"
 NODE_USER, CLIENT_USER = "canal-node", "canal-client"
-_PASSWORDS = ("etcd-root", "etcd-node", "etcd-client", "db-canal", "db-app", "db-repl")
+_PASSWORDS = ("etcd-root", "etcd-node", "etcd-client", "db-canal", "db-app", "db-repl", "canal")
+CANAL_TCP_USER = "canal"  # Canal's canal.user
 _TOKENS = ("admin", "consumer")
 _CERT_OF = {"root": "etcd-root", NODE_USER: "node", CLIENT_USER: "client"}  # etcd user: pair
 
@@ -76,6 +79,11 @@ class SecureSetup:
         """``admin`` or ``consumer``."""
         return self.root / f"{role}.token"
 
+    @property
+    def canal_passwd_file(self) -> Path:
+        """The hash of ``canal.password`` a node checks logins against (``[canal] passwd``)."""
+        return self.root / "canal.passwd"
+
     def create(self) -> SecureSetup:
         """Make what is missing (CA, certificates, passwords, tokens); every key and
         secret 0600, the directory 0700."""
@@ -88,6 +96,10 @@ class SecureSetup:
         issue(self.root, "client", ca, CLIENT_USER, f"DNS:{CLIENT_USER}")
         for path in [*map(self.password_file, _PASSWORDS), *map(self.token_file, _TOKENS)]:
             _secret_file(path)
+        from canal_server.canal.auth import passwd_of
+
+        self.canal_passwd_file.unlink(missing_ok=True)  # derived: made again from the password
+        _secret_file(self.canal_passwd_file, passwd_of(self._read(self.password_file("canal"))))
         for path in self.secret_files():
             os.chmod(path, 0o600)
         return self
@@ -96,7 +108,8 @@ class SecureSetup:
         """Every file that must stay private: keys, passwords, tokens."""
         pairs = ("server", "etcd-root", "node", "client")
         keys = [self.ca.key, *(self.pair(n).key for n in pairs)]
-        return [*keys, *map(self.password_file, _PASSWORDS), *map(self.token_file, _TOKENS)]
+        return [*keys, *map(self.password_file, _PASSWORDS), self.canal_passwd_file,
+                *map(self.token_file, _TOKENS)]  # fmt: skip
 
     # -- the servers --------------------------------------------------------------------
 
@@ -161,6 +174,11 @@ class SecureSetup:
                 "password": {"file": str(self.password_file(f"db-{CANAL_USER}"))},
                 "tls": {"enabled": True, "ca_file": str(self.ca.cert), "verify_identity": True},
             }
+        if "canal" in config:  # Canal's TCP listener
+            config["canal"].update({
+                "user": CANAL_TCP_USER, "passwd": {"file": str(self.canal_passwd_file)},
+                "destinations": [self.destination],
+            })  # fmt: skip
         config["auth"] = {
             "admin": [{"token": {"file": str(self.token_file("admin"))}}],
             "consumer": [{"token": {"file": str(self.token_file("consumer"))},
@@ -192,6 +210,8 @@ class SecureSetup:
         out += [
             ("", "mariadb canal (server nodes; db-canal.password), app (db-app.password), "
                  "repl (db-repl.password)"),
+            ("", f"canal TCP user {CANAL_TCP_USER} (canal.password; the nodes hold its hash, "
+                 "canal.passwd)"),
             ("tokens", f"admin.token (auth.admin: every right), consumer.token (auth.consumer: "
                        f"destination {self.destination})"),
             ("clients", " ".join(self.client_options(endpoints))),
@@ -225,6 +245,12 @@ class SecureSetup:
                 u: {"password_file": str(self.password_file(f"db-{u}"))}
                 for u in (CANAL_USER, APP_USER, REPL_USER)
             },
+            "canal_tcp": {
+                "user": CANAL_TCP_USER,
+                "password_file": str(self.password_file("canal")),
+                "passwd_file": str(self.canal_passwd_file),
+                "destinations": [self.destination],
+            },
             "tokens": {
                 "admin": {"file": str(self.token_file("admin")), "config": "auth.admin"},
                 "consumer": {
@@ -243,11 +269,12 @@ class SecureSetup:
                    tuple(data["client_ids"]), str(data["prefix"]))  # fmt: skip
 
 
-def _secret_file(path: Path) -> None:
-    """32 random hex digits in a new 0600 file; an existing file is kept."""
+def _secret_file(path: Path, value: str | None = None) -> None:
+    """``value`` (default: 32 random hex digits) in a new 0600 file; an existing file is
+    kept."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return
     with os.fdopen(fd, "w") as out:
-        out.write(secrets.token_hex(16))
+        out.write(secrets.token_hex(16) if value is None else value)
