@@ -2,17 +2,19 @@
 
 ``python check_c_extensions.py SRC`` reads the package map of ``SRC/pyproject.toml``
 (``[tool.setuptools] package-dir``, or ``packages.find.where``), imports every package,
-then finds every ``*.c`` file under each package directory and imports the extension
-module built from it (``server/canal_server/_rowcodec.c`` -> ``canal_server._rowcodec``,
-wherever the restructured tree puts it). setup.py builds the extensions as optional, so
-without this check a missing compiler gives an image that silently runs the pure-Python
-row decoder. Run it from a directory outside SRC, with the interpreter that has the
-packages installed. Exit 0 when all import, 1 naming each failure, 2 on bad usage.
+then finds every ``*.c`` file under each package directory that defines a module
+(``PyInit_<name>``) and imports the extension module built from it
+(``server/canal_server/parse/_rowcodec.c`` -> ``canal_server.parse._rowcodec``).
+setup.py builds the extensions as optional, so without this check a missing compiler
+gives an image that silently runs the pure-Python row decoder. Run it from a directory
+outside SRC, with the interpreter that has the packages installed. Exit 0 when all
+import, 1 naming each failure, 2 on bad usage.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -38,12 +40,16 @@ def package_dirs(src: Path) -> dict[str, Path]:
 
 
 def c_extension_modules(src: Path) -> list[tuple[str, Path]]:
-    """(module name, C source) for every ``*.c`` file under the package directories."""
+    """(module name, C source) for every ``*.c`` file under the package directories that
+    defines a module (its ``PyInit_<name>``); other C files are parts of one of those."""
     modules = []
     for package, directory in sorted(package_dirs(src).items()):
         for source in sorted(directory.rglob("*.c")):
-            parts = source.relative_to(directory).with_suffix("").parts
-            modules.append((".".join((package, *parts)), source))
+            init = re.search(r"\bPyInit_(\w+)\s*\(", source.read_text(errors="replace"))
+            if init is None:
+                continue
+            parts = source.relative_to(directory).parent.parts
+            modules.append((".".join((package, *parts, init.group(1))), source))
     return modules
 
 

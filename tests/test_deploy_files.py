@@ -290,6 +290,7 @@ def test_extension_check_passes_for_the_installed_decoder(tmp_path: Path) -> Non
     done = _check(REPO, tmp_path)
     assert done.returncode == 0, done.stderr
     assert re.search(r"^ok  canal_server(\.\w+)*\._rowcodec ", done.stdout, re.MULTILINE)
+    assert re.search(r"^ok  canal_server\.canal\._canalcodec ", done.stdout, re.MULTILINE)
     for package in ("canal_cluster", "canal_server", "canal_client"):
         assert f"ok  {package} " in done.stdout
 
@@ -300,13 +301,15 @@ def test_extension_check_fails_naming_a_decoder_that_was_not_built(tmp_path: Pat
     (src / "pyproject.toml").write_text('[tool.setuptools]\npackage-dir = {pkgx = "lib/pkgx"}\n')
     (src / "lib" / "pkgx" / "__init__.py").write_text("")
     (src / "lib" / "pkgx" / "sub" / "__init__.py").write_text("")
-    (src / "lib" / "pkgx" / "sub" / "_fast.c").write_text("/* never compiled */\n")
+    (src / "lib" / "pkgx" / "sub" / "_fast.c").write_text("PyMODINIT_FUNC PyInit__fast(void);\n")
+    (src / "lib" / "pkgx" / "sub" / "_part.c").write_text("/* a part of _fast: no module */\n")
     env = {**os.environ, "PYTHONPATH": str(src / "lib")}
     done = _check(src, tmp_path, env)
     assert done.returncode == 1
     assert "ok  pkgx " in done.stdout
     assert "C extension pkgx.sub._fast (from lib/pkgx/sub/_fast.c) was not built" in done.stderr
 
+    assert "_part" not in done.stdout + done.stderr
     (src / "lib" / "pkgx" / "sub" / "_fast.c").unlink()
     done = _check(src, tmp_path, env)
     assert done.returncode == 1 and "no C sources" in done.stderr
